@@ -1,0 +1,159 @@
+"""`MoCoSEConfig`: what a MoCoSE model *is* (its encoder, heads, queue and loss).
+
+Training-time schedules (EMA decay, FGSM, optimiser) live in `MoCoSETrainingArguments`;
+`MODEL_CONFIG_FIELDS` names the hyper-parameters both share, so a training run copies them
+from its arguments into the model config in one place (`MoCoSETrainingArguments.model_config_kwargs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+from .pooling import check_sentence_pooling
+
+METHODS = ("mocose", "simcse")
+
+# Hyper-parameters that shape the model or its loss; training arguments carry the same names.
+MODEL_CONFIG_FIELDS = (
+    "method",
+    "sentence_pooling",
+    "projection_layers",
+    "predictor_layers",
+    "predictor_dim",
+    "head_dropout",
+    "contrastive_temperature",
+    "queue_size",
+    "queue_init_size",
+    "in_batch_negatives",
+    "target_dropout",
+    "max_seq_length",
+    "encoder_dropout",
+)
+
+
+def validate_method_hparams(values: dict[str, Any]) -> None:
+    """Raises a `ValueError` naming the offending value for any impossible method setting.
+
+    Shared by `MoCoSEConfig` and `MoCoSETrainingArguments` so both reject the same things with
+    the same words, before any model is built or any step is taken.
+    """
+    method = values.get("method", "mocose")
+    if method not in METHODS:
+        raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+    check_sentence_pooling(values.get("sentence_pooling", "cls"))
+    temperature = values.get("contrastive_temperature", 0.05)
+    if not temperature > 0:
+        raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
+    queue_size, init_size = values.get("queue_size", 512), values.get("queue_init_size", 128)
+    if method == "mocose":
+        if queue_size < 1:
+            raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
+        if not 0 <= init_size <= queue_size:
+            raise ValueError(
+                f"queue_init_size (K_s) must be between 0 and queue_size={queue_size}, got {init_size!r}."
+            )
+    for name in ("projection_layers", "predictor_layers"):
+        if values.get(name, 0) < 0:
+            raise ValueError(f"{name} must be >= 0, got {values[name]!r}.")
+    predictor_dim = values.get("predictor_dim")
+    if predictor_dim is not None and predictor_dim < 1:
+        raise ValueError(f"predictor_dim must be >= 1 (or None for the hidden size), got {predictor_dim!r}.")
+    if not 0 <= values.get("head_dropout", 0.1) < 1:
+        raise ValueError(f"head_dropout must be in [0, 1), got {values['head_dropout']!r}.")
+    encoder_dropout = values.get("encoder_dropout")
+    if encoder_dropout is not None and not 0 <= encoder_dropout < 1:
+        raise ValueError(f"encoder_dropout must be in [0, 1), got {encoder_dropout!r}.")
+    max_len = values.get("max_seq_length", 32)
+    if max_len is not None and max_len < 2:
+        raise ValueError(f"max_seq_length must be >= 2, got {max_len!r}.")
+
+
+class MoCoSEConfig(PretrainedConfig):
+    r"""Configuration of a [`MoCoSEModel`].
+
+    Args:
+        encoder_config (`dict` or `PretrainedConfig`):
+            Configuration of the wrapped encoder (any `AutoModel` encoder: BERT, RoBERTa, DistilBERT, MiniLM...).
+        method (`str`, defaults to `"mocose"`):
+            `"mocose"`: online branch vs EMA target branch with a negative queue. `"simcse"`: two dropout
+            views of the online encoder, in-batch negatives, no target, no queue, no predictor.
+        sentence_pooling (`str`, defaults to `"cls"`):
+            Sentence embedding used for evaluation and export: `"cls"` (last-layer [CLS] state before the
+            pooler Linear, what the paper evaluates), `"cls_dense"` (after it) or `"mean"`.
+        projection_layers (`int`, defaults to 1):
+            Number of Linear(d, d) + LayerNorm + Dropout blocks after the pooler; 0 = none.
+        predictor_layers (`int`, defaults to 2):
+            (n-1) Linear + LayerNorm + Dropout blocks, then Linear + Tanh, on the online branch only; 0 = none.
+        predictor_dim (`int`, *optional*):
+            Width of the predictor's hidden blocks; defaults to the encoder's hidden size.
+        head_dropout (`float`, defaults to 0.1):
+            Dropout in the projection and predictor blocks.
+        contrastive_temperature (`float`, defaults to 0.05):
+            InfoNCE temperature tau (named so that `generation_config` checks leave it alone).
+        queue_size (`int`, defaults to 512):
+            Capacity K of the negative-key queue.
+        queue_init_size (`int`, defaults to 128):
+            Number K_s of random unit vectors the queue starts with.
+        in_batch_negatives (`bool`, defaults to `True`):
+            Whether the other keys of the (global) batch are negatives too.
+        target_dropout (`bool`, defaults to `True`):
+            Whether the target branch runs with dropout while training (the reference code does).
+        max_seq_length (`int`, defaults to 32):
+            Token length used in training; exported with the model.
+        encoder_dropout (`float`, *optional*, defaults to 0.1):
+            Dropout probability set on the encoder (hidden and attention); `None` keeps the checkpoint's.
+    """
+
+    model_type = "mocose"
+    sub_configs = {"encoder_config": AutoConfig}
+
+    def __init__(
+        self,
+        encoder_config: dict | PretrainedConfig | None = None,
+        method: str = "mocose",
+        sentence_pooling: str = "cls",
+        projection_layers: int = 1,
+        predictor_layers: int = 2,
+        predictor_dim: int | None = None,
+        head_dropout: float = 0.1,
+        contrastive_temperature: float = 0.05,
+        queue_size: int = 512,
+        queue_init_size: int = 128,
+        in_batch_negatives: bool = True,
+        target_dropout: bool = True,
+        max_seq_length: int = 32,
+        encoder_dropout: float | None = 0.1,
+        **kwargs,
+    ):
+        if isinstance(encoder_config, dict):
+            encoder_config = dict(encoder_config)
+            encoder_config = AutoConfig.for_model(encoder_config.pop("model_type", "bert"), **encoder_config)
+        self.encoder_config = encoder_config
+        self.method = method
+        self.sentence_pooling = sentence_pooling
+        self.projection_layers = projection_layers
+        self.predictor_layers = predictor_layers
+        self.predictor_dim = predictor_dim
+        self.head_dropout = head_dropout
+        self.contrastive_temperature = contrastive_temperature
+        self.queue_size = queue_size
+        self.queue_init_size = queue_init_size
+        self.in_batch_negatives = in_batch_negatives
+        self.target_dropout = target_dropout
+        self.max_seq_length = max_seq_length
+        self.encoder_dropout = encoder_dropout
+        validate_method_hparams({name: getattr(self, name) for name in MODEL_CONFIG_FIELDS})
+        super().__init__(**kwargs)
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the encoder's token states (and of the pooler, projection, keys and queries)."""
+        config = self.encoder_config
+        return getattr(config, "hidden_size", None) or getattr(config, "dim")
+
+    @property
+    def uses_target(self) -> bool:
+        """Whether this method has an EMA target branch and a key queue."""
+        return self.method == "mocose"

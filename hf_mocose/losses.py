@@ -1,0 +1,86 @@
+"""The one contrastive loss every method uses: InfoNCE over cosine similarity / temperature.
+
+MoCoSE, SimCSE and the family's variants differ only in what they pass in: which keys are
+candidates (own key only, or the whole gathered batch), and which extra negatives (a queue,
+hard negatives) join the denominator with which weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass
+class ContrastiveLossOutput:
+    """Result of `info_nce_loss`.
+
+    Attributes:
+        loss: scalar, mean InfoNCE over the queries.
+        positive_cosine: scalar, mean cosine of each query with its positive key (detached).
+        negative_cosine: scalar, mean cosine of queries with their (weighted-in) negatives (detached).
+    """
+
+    loss: torch.Tensor
+    positive_cosine: torch.Tensor
+    negative_cosine: torch.Tensor
+
+
+def info_nce_loss(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    temperature: float,
+    positive_index: torch.Tensor | None = None,
+    extra_negatives: torch.Tensor | None = None,
+    extra_negative_weights: torch.Tensor | None = None,
+) -> ContrastiveLossOutput:
+    r"""InfoNCE: :math:`-\log \frac{e^{q_i\cdot k_i/\tau}}{e^{q_i\cdot k_i/\tau} + \sum_l w_l e^{q_i\cdot n_l/\tau}}`.
+
+    All vectors are L2-normalised here, so dot products are cosines.
+
+    Args:
+        queries: `(B, D)` online outputs q_i.
+        keys: with `positive_index=None`, `(B, D)`: key k_i is the positive of q_i and the only key q_i
+            sees (no in-batch negatives). Otherwise `(G, D)` candidate keys, e.g. the keys of the
+            whole global batch: `keys[positive_index[i]]` is q_i's positive, every other row a negative.
+        temperature: tau > 0.
+        positive_index: `(B,)` long, the row of each query's positive in `keys` (in-batch negatives on).
+        extra_negatives: `(N, D)` negatives shared by all queries (the queue, hard negatives).
+        extra_negative_weights: `(N,)` non-negative weights w_l on `exp(q.n/tau)`; 0 removes an entry
+            (an empty queue slot, a slot outside the chosen age slice). Defaults to all ones.
+
+    Returns:
+        `ContrastiveLossOutput` with the mean loss and detached cosine statistics.
+    """
+    q = F.normalize(queries.float(), dim=-1)
+    k = F.normalize(keys.float(), dim=-1)
+    if positive_index is None:
+        logits = (q * k).sum(-1, keepdim=True)  # (B, 1): the positive only
+        target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+        batch_negative_mask = torch.zeros_like(logits, dtype=torch.bool)
+    else:
+        logits = q @ k.T  # (B, G)
+        target = positive_index
+        batch_negative_mask = torch.ones_like(logits, dtype=torch.bool)
+        batch_negative_mask[torch.arange(q.shape[0], device=q.device), target] = False
+    positive_cos = logits.gather(1, target[:, None]).squeeze(1)
+
+    neg_sum = (logits * batch_negative_mask).sum()
+    neg_count = batch_negative_mask.sum().to(logits.dtype)
+    logits = logits / temperature
+    if extra_negatives is not None and extra_negatives.shape[0] > 0:
+        n = F.normalize(extra_negatives.float(), dim=-1)
+        extra_cos = q @ n.T  # (B, N)
+        if extra_negative_weights is None:
+            extra_negative_weights = torch.ones(n.shape[0], device=q.device)
+        weights = extra_negative_weights.to(extra_cos.dtype)
+        # w * exp(x) = exp(x + log w); log 0 = -inf drops the entry without a host sync.
+        logits = torch.cat([logits, extra_cos / temperature + torch.log(weights)], dim=1)
+        present = (weights > 0).to(extra_cos.dtype)
+        neg_sum = neg_sum + (extra_cos * present).sum()
+        neg_count = neg_count + present.sum() * q.shape[0]
+    loss = F.cross_entropy(logits, target)
+    negative_cos = (neg_sum / neg_count.clamp(min=1)).detach()
+    return ContrastiveLossOutput(loss, positive_cos.mean().detach(), negative_cos)

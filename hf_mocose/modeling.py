@@ -1,0 +1,294 @@
+"""`MoCoSEModel`: the online and target branches, their heads and the key queue, in one `PreTrainedModel`.
+
+Layout (method "mocose"):
+
+    online:  word embeddings (+ FGSM delta) -> online_encoder -> [CLS] -> online_pooler -> online_projection -> predictor = query
+    target:  same word embeddings (detached) -> target_encoder -> [CLS] -> target_pooler -> target_projection = key
+
+The target branch is an EMA copy of the online one (updated by `EMATargetCallback` after each
+optimizer step, never by the optimizer) with one deviation, following the paper: word embeddings
+are shared, so the target encoder keeps only a 1-row placeholder embedding table and always
+receives the online word embeddings as `inputs_embeds`. The queue (`KeyQueue`) and the target
+weights are persistent state, so `save_pretrained` / `from_pretrained` restore a run exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.utils import ModelOutput
+
+from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
+from .pooling import pool_sentence_embedding
+from .queue import KeyQueue
+
+# Attribute names that hold dropout probabilities in the common encoder configs.
+_DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+
+
+def check_is_encoder(config: PretrainedConfig, name: str = "") -> None:
+    """Raises a `ValueError` unless `config` describes a bidirectional (masked-LM style) encoder."""
+    model_type = getattr(config, "model_type", None)
+    if (
+        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        or getattr(config, "is_encoder_decoder", False)
+        or getattr(config, "is_decoder", False)
+    ):
+        raise ValueError(
+            f"{name or 'The model'} (model_type={model_type!r}) is not a bidirectional encoder. MoCoSE needs an "
+            "encoder such as BERT, RoBERTa, DistilBERT or MiniLM (a model type with a masked-LM head, not a "
+            "decoder or an encoder-decoder)."
+        )
+
+
+def set_encoder_dropout(config: PretrainedConfig, rate: float | None) -> None:
+    """Sets every dropout probability the encoder config has to `rate` (None leaves them alone)."""
+    if rate is None:
+        return
+    for attribute in _DROPOUT_ATTRIBUTES:
+        if isinstance(getattr(config, attribute, None), float):
+            setattr(config, attribute, rate)
+
+
+def _build_encoder(config: PretrainedConfig) -> PreTrainedModel:
+    encoder = AutoModel.from_config(config)
+    # The MoCoSE pooler replaces the checkpoint's own (Linear + tanh) pooler; an unused pooler would
+    # also break DDP with find_unused_parameters=False.
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler = None
+    return encoder
+
+
+def _blocks(dims: list[int], dropout: float) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for d_in, d_out in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), nn.Dropout(dropout)]
+    return layers
+
+
+def build_projection(hidden: int, n_layers: int, dropout: float) -> nn.Sequential:
+    """`n_layers` blocks of Linear(h, h) + LayerNorm + Dropout; an empty Sequential (identity) for 0."""
+    return nn.Sequential(*_blocks([hidden] * (n_layers + 1), dropout))
+
+
+def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float) -> nn.Sequential:
+    """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0."""
+    if n_layers == 0:
+        return nn.Sequential()
+    width = width or hidden
+    dims = [hidden] + [width] * (n_layers - 1)
+    return nn.Sequential(*_blocks(dims, dropout), nn.Linear(dims[-1], hidden), nn.Tanh())
+
+
+@dataclass
+class MoCoSEOutput(ModelOutput):
+    """Output of `MoCoSEModel.forward`.
+
+    Attributes:
+        query: `(B, D)` online branch output (after the predictor), with gradient.
+        key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with
+            gradient) for "simcse".
+        word_embeddings: `(B, L, H)` the online word embeddings the encoder received (with any
+            perturbation added); FGSM reads its gradient.
+    """
+
+    query: torch.Tensor | None = None
+    key: torch.Tensor | None = None
+    word_embeddings: torch.Tensor | None = None
+
+
+class MoCoSEModel(PreTrainedModel):
+    """A MoCoSE (or SimCSE-mode) sentence encoder with everything training needs.
+
+    Build one around a plain encoder with `MoCoSEModel.from_pretrained("bert-base-uncased")` (or
+    `from_encoder`); reload a MoCoSE checkpoint with the same call. `embed` gives the sentence
+    embedding used for evaluation and export.
+    """
+
+    config_class = MoCoSEConfig
+    base_model_prefix = "mocose"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    # forward() takes no **kwargs, so the Trainer scales the loss for gradient accumulation itself.
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: MoCoSEConfig):
+        super().__init__(config)
+        set_encoder_dropout(config.encoder_config, config.encoder_dropout)
+        hidden, dropout = config.hidden_size, config.head_dropout
+        self.online_encoder = _build_encoder(config.encoder_config)
+        self.online_pooler = nn.Linear(hidden, hidden)
+        self.online_projection = build_projection(hidden, config.projection_layers, dropout)
+        if config.uses_target:
+            self.predictor = build_predictor(hidden, config.predictor_layers, config.predictor_dim, dropout)
+            self.target_encoder = _build_encoder(config.encoder_config)
+            self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
+            self.target_pooler = nn.Linear(hidden, hidden)
+            self.target_projection = build_projection(hidden, config.projection_layers, dropout)
+            self.queue = KeyQueue(config.queue_size, hidden, config.queue_init_size)
+        self.post_init()
+        if config.uses_target:
+            for module in self.target_modules():
+                module.requires_grad_(False)
+            self.copy_online_to_target()
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_encoder(cls, encoder_name_or_path: str, **config_kwargs) -> "MoCoSEModel":
+        """Builds a fresh MoCoSE model around a pretrained encoder checkpoint.
+
+        The online and target encoders start as the checkpoint; the pooler Linear starts from the
+        checkpoint's pooler dense weights when it has them. `config_kwargs` are `MoCoSEConfig` fields.
+        """
+        encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
+        check_is_encoder(encoder_config, str(encoder_name_or_path))
+        pretrained = AutoModel.from_pretrained(encoder_name_or_path)
+        model = cls(MoCoSEConfig(encoder_config=encoder_config, **config_kwargs))
+        pooler_dense = getattr(getattr(pretrained, "pooler", None), "dense", None)
+        if isinstance(pooler_dense, nn.Linear):
+            model.online_pooler.load_state_dict(pooler_dense.state_dict())
+        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("pooler.")}
+        model.online_encoder.load_state_dict(state, strict=True)
+        if model.config.uses_target:
+            model.copy_online_to_target()
+        model.config.encoder_config._name_or_path = str(encoder_name_or_path)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Loads a MoCoSE checkpoint, or builds a fresh MoCoSE model around a plain encoder checkpoint.
+
+        For a plain encoder, keyword arguments named in `MODEL_CONFIG_FIELDS` (and `encoder_dropout`)
+        configure the new model; for a MoCoSE checkpoint they are ignored with a warning unless equal.
+        """
+        overrides = {k: kwargs.pop(k) for k in (*MODEL_CONFIG_FIELDS, "encoder_dropout") if k in kwargs}
+        if kwargs.get("config") is None:
+            probe = AutoConfig.from_pretrained(pretrained_model_name_or_path)
+            if probe.model_type != MoCoSEConfig.model_type:
+                return cls.from_encoder(pretrained_model_name_or_path, **overrides)
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        changed = {k: v for k, v in overrides.items() if getattr(model.config, k) != v}
+        if changed:
+            from transformers.utils import logging
+
+            logging.get_logger(__name__).warning(
+                f"{pretrained_model_name_or_path} is a MoCoSE checkpoint; its own config wins over {changed}."
+            )
+        return model
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config.encoder_config, "initializer_range", 0.02)
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.data.fill_(1.0)
+            module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(0.0, std)
+
+    # ----------------------------------------------------------------- target branch
+    def target_modules(self) -> list[nn.Module]:
+        """The modules of the target branch (empty for methods without one)."""
+        if not self.config.uses_target:
+            return []
+        return [self.target_encoder, self.target_pooler, self.target_projection]
+
+    def ema_parameter_pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Matching tensors of both branches, for the EMA update.
+
+        Returns:
+            `(online_params, target_params, online_buffers, target_buffers)`; the shared word
+            embeddings are left out.
+        """
+        online_params, target_params, online_buffers, target_buffers = [], [], [], []
+        shared = self.online_encoder.get_input_embeddings().weight
+        pairs = zip((self.online_encoder, self.online_pooler, self.online_projection), self.target_modules())
+        for online, target in pairs:
+            target_named = dict(target.named_parameters())
+            for name, param in online.named_parameters():
+                if param is not shared:
+                    online_params.append(param)
+                    target_params.append(target_named[name])
+            target_named_buffers = dict(target.named_buffers())
+            for name, buffer in online.named_buffers():
+                if name in target_named_buffers and buffer.is_floating_point():
+                    online_buffers.append(buffer)
+                    target_buffers.append(target_named_buffers[name])
+        return online_params, target_params, online_buffers, target_buffers
+
+    @torch.no_grad()
+    def copy_online_to_target(self) -> None:
+        """Makes the target branch an exact copy of the online one (own storage, not shared)."""
+        if not self.config.uses_target or self.online_pooler.weight.is_meta:
+            return
+        online_p, target_p, online_b, target_b = self.ema_parameter_pairs()
+        torch._foreach_copy_(target_p + target_b, online_p + online_b)
+
+    def train(self, mode: bool = True) -> "MoCoSEModel":
+        super().train(mode)
+        if mode and self.config.uses_target and not self.config.target_dropout:
+            for module in self.target_modules():
+                module.eval()
+        return self
+
+    # ----------------------------------------------------------------- forward
+    def _encode_cls(self, encoder, inputs_embeds, attention_mask, token_type_ids) -> torch.Tensor:
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
+        return hidden[:, 0]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        embedding_perturbation: torch.Tensor | None = None,
+        perturb_target: bool = True,
+    ) -> MoCoSEOutput:
+        """Runs both views of a batch.
+
+        Args:
+            input_ids: `(B, L)` token ids.
+            attention_mask: `(B, L)`.
+            token_type_ids: `(B, L)`, for encoders that use them.
+            embedding_perturbation: `(B, L, H)` added to the online word embeddings (FGSM), or None.
+            perturb_target: whether the target branch sees the perturbed embeddings too.
+
+        Returns:
+            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)` and `word_embeddings` `(B, L, H)`.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        clean = self.online_encoder.get_input_embeddings()(input_ids)
+        word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
+        cls_state = self._encode_cls(self.online_encoder, word_embeddings, attention_mask, token_type_ids)
+        query = self.online_projection(self.online_pooler(cls_state))
+        if not self.config.uses_target:  # SimCSE: a second dropout view of the same branch
+            second = self._encode_cls(self.online_encoder, word_embeddings, attention_mask, token_type_ids)
+            key = self.online_projection(self.online_pooler(second))
+            return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings)
+        query = self.predictor(query)
+        with torch.no_grad():
+            target_input = (word_embeddings if perturb_target else clean).detach()
+            target_cls = self._encode_cls(self.target_encoder, target_input, attention_mask, token_type_ids)
+            key = self.target_projection(self.target_pooler(target_cls))
+        return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings)
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The sentence embedding `(B, H)`: online encoder + `config.sentence_pooling`."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        hidden = self.online_encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        return pool_sentence_embedding(hidden, attention_mask, self.config.sentence_pooling, self.online_pooler)

@@ -1,0 +1,85 @@
+"""`KeyQueue`: the FIFO ring of past keys that MoCoSE uses as negatives.
+
+Compact by design (after moco's `builder.py`): one `(K, D)` buffer, a write pointer and a fill
+count, all persistent buffers so that `save_pretrained` checkpoints carry them. Nothing here
+synchronises host and device: "how many entries are valid" and "how old is each entry" are
+answered with tensors (masks, ages), never with `.item()`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class KeyQueue(nn.Module):
+    """A ring buffer of L2-normalised keys, oldest overwritten first.
+
+    Slots are written in order `queue_ptr, queue_ptr + 1, ...` (mod K). Until the ring is full the
+    valid entries are slots `[0, queue_fill)`; afterwards all K slots are valid. The age of a slot
+    (0 = newest) is `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask
+    over the buffer, not a copy.
+
+    Args:
+        capacity: K, the number of keys kept.
+        dim: D, the key width.
+        init_size: K_s, how many random unit vectors the queue starts with (0 <= K_s <= K).
+    """
+
+    def __init__(self, capacity: int, dim: int, init_size: int = 0):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"queue capacity (queue_size) must be >= 1, got {capacity!r}.")
+        if not 0 <= init_size <= capacity:
+            raise ValueError(f"queue_init_size must be between 0 and queue_size={capacity}, got {init_size!r}.")
+        self.capacity = capacity
+        self.init_size = init_size
+        # fp32 always, also under mixed precision: keys are compared with a small temperature.
+        self.register_buffer("keys", torch.zeros(capacity, dim, dtype=torch.float32))
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("queue_fill", torch.zeros((), dtype=torch.long))
+        self.reset()
+
+    @torch.no_grad()
+    def reset(self, generator: torch.Generator | None = None) -> None:
+        """Empties the queue and fills its first K_s slots with random unit vectors."""
+        self.keys.zero_()
+        if self.init_size and not self.keys.is_meta:
+            noise = torch.randn(self.init_size, self.keys.shape[1], generator=generator)
+            self.keys[: self.init_size] = F.normalize(noise, dim=1).to(self.keys.device)
+        self.queue_ptr.fill_(self.init_size % self.capacity)
+        self.queue_fill.fill_(self.init_size)
+
+    @torch.no_grad()
+    def enqueue(self, new_keys: torch.Tensor) -> None:
+        """Writes `(N, D)` keys (normalised here) in one indexed copy, wrapping around the ring.
+
+        When N > K only the last K keys are kept, as if they had been written one by one.
+        """
+        new_keys = F.normalize(new_keys.detach().float(), dim=1)
+        if new_keys.shape[0] > self.capacity:
+            new_keys = new_keys[-self.capacity :]
+        n = new_keys.shape[0]
+        slots = (self.queue_ptr + torch.arange(n, device=self.keys.device)) % self.capacity
+        self.keys.index_copy_(0, slots, new_keys)
+        self.queue_ptr.copy_((self.queue_ptr + n) % self.capacity)
+        self.queue_fill.copy_(torch.clamp(self.queue_fill + n, max=self.capacity))
+
+    def ages(self) -> torch.Tensor:
+        """`(K,)` long: the age of each slot, 0 = newest; slots not yet written get age >= K."""
+        slots = torch.arange(self.capacity, device=self.keys.device)
+        age = (self.queue_ptr - 1 - slots) % self.capacity
+        return torch.where(age < self.queue_fill, age, age + self.capacity)
+
+    def valid_mask(self) -> torch.Tensor:
+        """`(K,)` bool: which slots hold a key."""
+        return self.ages() < self.capacity
+
+    def newest_first(self) -> torch.Tensor:
+        """`(queue_fill, D)`: the valid keys ordered by age, newest first (syncs; for inspection/tests)."""
+        order = torch.argsort(self.ages())
+        return self.keys[order[: int(self.queue_fill)]]
+
+    def extra_repr(self) -> str:
+        return f"capacity={self.capacity}, dim={self.keys.shape[1]}, init_size={self.init_size}"
