@@ -81,6 +81,18 @@ def encode_batches(
     return torch.stack(out)
 
 
+def _accepts_token_types(encoder: nn.Module) -> bool:
+    """DistilBERT-style encoders take no token_type_ids even when the tokenizer returns them."""
+    import inspect
+
+    return "token_type_ids" in inspect.signature(encoder.forward).parameters
+
+
+def _mocose_embed(model) -> EmbedFn:
+    keep_tt = _accepts_token_types(getattr(model, "online_encoder", model))
+    return lambda ids, mask, tt: model.embed(ids, mask, token_type_ids=tt if keep_tt else None)
+
+
 def _device_of(model: nn.Module) -> torch.device:
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
@@ -108,7 +120,7 @@ def encode_with_model(
         max_length = max_length or getattr(model.config, "max_seq_length", None)
         max_length = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config, max_length)
         return encode_batches(
-            lambda ids, mask, tt: model.embed(ids, mask, token_type_ids=tt),
+            _mocose_embed(model),
             tokenizer,
             sentences,
             _device_of(model),
@@ -221,7 +233,7 @@ def load_encoder(
         model = _import_mocose_model().from_pretrained(path).to(device, torch.float32).eval()
         pooling = pooler or model.config.sentence_pooling
         if pooling == model.config.sentence_pooling:
-            embed: EmbedFn = lambda ids, mask, tt: model.embed(ids, mask, token_type_ids=tt)  # noqa: E731
+            embed = _mocose_embed(model)
         else:
             encoder, dense = model.online_encoder, model.online_pooler
             embed = _pooled_embed(encoder, pooling, dense)
@@ -247,10 +259,7 @@ def load_encoder(
 
 def _pooled_embed(encoder: nn.Module, pooling: str, dense: nn.Linear | None) -> EmbedFn:
     """Embedding function: `encoder`'s last hidden state pooled with the shared pooling code."""
-    import inspect
-
-    # DistilBERT-style encoders take no token_type_ids even when the tokenizer returns them.
-    takes_token_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
+    takes_token_types = _accepts_token_types(encoder)
 
     def embed(ids, mask, token_type_ids):
         kwargs = {"input_ids": ids, "attention_mask": mask}
