@@ -70,7 +70,9 @@ def tokenize(sentence: str) -> list[str]:
 def corpus_fingerprint(sentences: Iterable[str]) -> str:
     """sha256 of the sentences (length-prefixed, so boundaries matter) and the format version."""
     digest = hashlib.sha256(f"una-v{_FORMAT_VERSION}|{TOKEN_PATTERN}|".encode())
-    for sentence in sentences:
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"corpus sentence {i} is a {type(sentence).__name__}, not a str")
         data = sentence.encode("utf-8", "surrogatepass")
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
@@ -229,9 +231,7 @@ class UNAStatistics:
         assign = word_to_id.setdefault
         ids: list[int] = []
         lengths = np.empty(n_docs, dtype=np.int64)
-        for d, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(f"corpus sentence {d} is a {type(sentence).__name__}, not a str")
+        for d, sentence in enumerate(sentences):  # str-checked by corpus_fingerprint
             tokens = tokenize(sentence)
             ids.extend([assign(t, len(word_to_id)) for t in tokens])
             lengths[d] = len(tokens)
