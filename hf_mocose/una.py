@@ -27,19 +27,10 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
-    "DEFAULT_UNA_ALPHA",
-    "DEFAULT_UNA_WINDOW",
-    "DEFAULT_UNA_FREQUENCY",
-    "TOKEN_PATTERN",
-    "tokenize",
-    "corpus_fingerprint",
-    "replacement_probabilities",
-    "validate_una_alpha",
-    "validate_una_window",
-    "validate_una_frequency",
-    "resolve_window",
-    "UNAStatistics",
-    "UNAAugmenter",
+    "DEFAULT_UNA_ALPHA", "DEFAULT_UNA_WINDOW", "DEFAULT_UNA_FREQUENCY", "TOKEN_PATTERN",
+    "tokenize", "corpus_fingerprint", "replacement_probabilities", "resolve_window",
+    "validate_una_alpha", "validate_una_window", "validate_una_frequency",
+    "UNAStatistics", "UNAAugmenter",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,7 +72,6 @@ def corpus_fingerprint(sentences: Iterable[str]) -> str:
 
 # --------------------------------------------------------------------------- validation
 
-
 def validate_una_alpha(alpha: float) -> float:
     """Returns `alpha` as a float if it is a finite number > 0, else raises `ValueError`."""
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha <= 0:
@@ -91,17 +81,16 @@ def validate_una_alpha(alpha: float) -> float:
 
 def validate_una_window(window: int | float) -> int | float:
     """Checks a window: an int >= 1 (rank radius r) or a float in (0, 1) (fraction of the vocabulary)."""
-    if isinstance(window, Integral) and not isinstance(window, bool):
+    message = f"UNA window must be an int >= 1 or a float in (0, 1) (a vocabulary fraction), got {window!r}"
+    if isinstance(window, bool) or not isinstance(window, Real):
+        raise ValueError(message)
+    if isinstance(window, Integral):
         if window < 1:
-            raise ValueError(f"UNA window must be an int >= 1 or a float in (0, 1), got {window!r}")
+            raise ValueError(message)
         return int(window)
-    if isinstance(window, Real) and not isinstance(window, bool):
-        if not 0.0 < float(window) < 1.0:  # also rejects NaN
-            raise ValueError(
-                f"UNA window as a float is a fraction of the vocabulary and must lie in (0, 1), got {window!r}"
-            )
-        return float(window)
-    raise ValueError(f"UNA window must be an int >= 1 or a float in (0, 1), got {window!r}")
+    if not 0.0 < float(window) < 1.0:  # also rejects NaN
+        raise ValueError(message)
+    return float(window)
 
 
 def resolve_window(window: int | float, vocab_size: int) -> int:
@@ -120,7 +109,6 @@ def validate_una_frequency(frequency: int) -> int:
 
 
 # ------------------------------------------------------------------ replacement probabilities
-
 
 def _segment_probabilities(
     scores: np.ndarray, seg: np.ndarray, n_seg: int, alpha: float
@@ -167,7 +155,6 @@ def replacement_probabilities(scores: Sequence[float], alpha: float = DEFAULT_UN
 
 # ------------------------------------------------------------------------ statistics
 
-
 class UNAStatistics:
     """Corpus TF-IDF statistics for UNA, all O(V) arrays indexed by vocabulary id.
 
@@ -187,12 +174,9 @@ class UNAStatistics:
         self.idf = np.ascontiguousarray(idf, dtype=np.float64)
         self.max_score = np.ascontiguousarray(max_score, dtype=np.float64)
         size = len(self.vocabulary)
-        if size == 0:
-            raise ValueError("UNA statistics need a non-empty vocabulary, got 0 words")
-        if self.idf.shape != (size,) or self.max_score.shape != (size,):
-            raise ValueError(
-                f"idf {self.idf.shape} and max_score {self.max_score.shape} must both have shape ({size},)"
-            )
+        if size == 0 or self.idf.shape != (size,) or self.max_score.shape != (size,):
+            raise ValueError(f"need a non-empty vocabulary ({size} words) and idf {self.idf.shape} and "
+                             f"max_score {self.max_score.shape} of shape ({size},)")
         if n_documents < 1:
             raise ValueError(f"n_documents must be >= 1, got {n_documents!r}")
         self.n_documents = int(n_documents)
@@ -259,8 +243,6 @@ class UNAStatistics:
         A missing, unreadable or stale cache is (re)built and written back to `cache_dir`.
         """
         sentences = list(sentences)
-        if not sentences:
-            raise ValueError("UNA needs a non-empty corpus, got 0 sentences")
         fingerprint = corpus_fingerprint(sentences)
         if cache_dir is not None:
             try:
@@ -281,13 +263,8 @@ class UNAStatistics:
         """Writes `una_stats.npz` and `una_vocab.json` to `directory` (created if needed)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "format_version": _FORMAT_VERSION,
-            "token_pattern": TOKEN_PATTERN,
-            "fingerprint": self.fingerprint,
-            "n_documents": self.n_documents,
-            "vocabulary": self.vocabulary,
-        }
+        meta = {"format_version": _FORMAT_VERSION, "token_pattern": TOKEN_PATTERN, "fingerprint": self.fingerprint,
+                "n_documents": self.n_documents, "vocabulary": self.vocabulary}
         # The fingerprint also goes into the npz so a load can tell if the two files belong together.
         _atomic_write(directory / _STATS_FILE, lambda f: np.savez(
             f, idf=self.idf, max_score=self.max_score, fingerprint=np.array(self.fingerprint or "")))
@@ -365,7 +342,6 @@ def _match_case(word: str, original: str) -> str:
 
 # ------------------------------------------------------------------------- augmenter
 
-
 class UNAAugmenter:
     """Draws UNA hard negatives from `UNAStatistics`.
 
@@ -394,9 +370,7 @@ class UNAAugmenter:
     def _generator(self, rng) -> np.random.Generator:
         if rng is None:
             return self.rng
-        if isinstance(rng, np.random.Generator):
-            return rng
-        return np.random.default_rng(rng)
+        return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
     def sample_replacement_ids(self, word_ids: Sequence[int], rng=None) -> np.ndarray:
         """One replacement id per vocabulary id, drawn ∝ M(v) from rank window [k-r, k+r] minus k.
