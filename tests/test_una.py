@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from hf_mocose import una
 from hf_mocose.una import (
     DEFAULT_UNA_ALPHA,
     DEFAULT_UNA_FREQUENCY,
