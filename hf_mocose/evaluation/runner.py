@@ -1,0 +1,168 @@
+"""Runs a set of SentEval tasks on one encoder and formats the results as the papers do.
+
+Task names (command line and JSON keys):
+
+* STS test sets: ``sts12 sts13 sts14 sts15 sts16 stsb sickr`` (the papers' seven; ``avg`` is their mean);
+* STS extras: ``stsb_dev`` (in the default set) and ``stsb_train sickr_trial sickr_train`` (only when asked);
+* transfer: ``mr cr subj mpqa sst2 trec mrpc``;
+* groups: ``sts`` (the 7 test sets + stsb_dev), ``transfer``, ``all`` (both).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from hf_mocose.evaluation.sts import (
+    LAYOUT_HELP,
+    STS_TASKS,
+    STS_TEST_TASKS,
+    evaluate_sts_task,
+    load_sts_task,
+    sts_task_files,
+)
+from hf_mocose.evaluation.transfer import (
+    DEFAULT_SEED,
+    TRANSFER_LAYOUT_HELP,
+    TRANSFER_TASKS,
+    evaluate_transfer_task,
+    transfer_task_files,
+)
+
+ALL_TASKS = STS_TASKS + TRANSFER_TASKS
+DEFAULT_TASKS = STS_TEST_TASKS + ("stsb_dev",) + TRANSFER_TASKS
+TASK_GROUPS = {
+    "sts": STS_TEST_TASKS + ("stsb_dev",),
+    "transfer": TRANSFER_TASKS,
+    "all": DEFAULT_TASKS,
+}
+DISPLAY_NAMES = {
+    "sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+    "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "stsb_train": "STS-B train",
+    "sickr_trial": "SICK-R trial", "sickr_train": "SICK-R train",
+    "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC",
+}  # fmt: skip
+
+
+def task_files(senteval_dir: str | Path, task: str) -> list[Path]:
+    return sts_task_files(senteval_dir, task) if task in STS_TASKS else transfer_task_files(senteval_dir, task)
+
+
+def missing_files(senteval_dir: str | Path, task: str) -> list[Path]:
+    return [path for path in task_files(senteval_dir, task) if not path.is_file()]
+
+
+def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The tasks to run and the ones skipped for missing files (``{task: first missing path}``).
+
+    `requested` None means every default task whose files exist; named tasks (or groups) must have
+    all their files, else a `FileNotFoundError` names the missing path and the expected layout.
+    """
+    root = Path(senteval_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"SentEval directory {root} does not exist; {LAYOUT_HELP}; {TRANSFER_LAYOUT_HELP}")
+    requested = None if requested is None else [name.lower() for name in requested]
+    names: list[str] = []
+    for name in requested or ["all"]:
+        if name in TASK_GROUPS:
+            names.extend(TASK_GROUPS[name])
+        elif name in ALL_TASKS:
+            names.append(name)
+        else:
+            valid = ", ".join((*ALL_TASKS, *TASK_GROUPS))
+            raise ValueError(f"unknown task {name!r}; valid task names: {valid}")
+    names = list(dict.fromkeys(names))  # dedupe, keep order
+    run, skipped = [], {}
+    for name in names:
+        missing = missing_files(root, name)
+        if not missing:
+            run.append(name)
+        elif requested and name in requested:  # named on its own, not through a group
+            help_text = LAYOUT_HELP if name in STS_TASKS else TRANSFER_LAYOUT_HELP
+            raise FileNotFoundError(f"task {name}: missing file {missing[0]}; {help_text}")
+        else:  # a group member or a default task: skip it and say so
+            skipped[name] = str(missing[0])
+    if not run:
+        raise FileNotFoundError(
+            f"no task has its files under {root} (skipped: {', '.join(skipped)}); {LAYOUT_HELP}; {TRANSFER_LAYOUT_HELP}"
+        )
+    return run, skipped
+
+
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def run_tasks(
+    encoder,
+    senteval_dir: str | Path,
+    tasks: list[str],
+    aggregation: str = "all",
+    seed: int = DEFAULT_SEED,
+    kfold: int = 10,
+    inner_folds: int = 5,
+    log=print,
+) -> dict:
+    """Evaluates `encoder` (anything with ``encode(sentences, desc=...) -> (n, dim)``) on `tasks`.
+
+    Returns the JSON-able results: one entry per task, ``avg``/``avg_over`` (mean Spearman over the
+    STS test tasks that ran) and ``transfer_avg``/``transfer_avg_over``; ``seconds`` per task.
+    """
+    results: dict = {}
+    seconds: dict[str, float] = {}
+    for task in tasks:
+        start = time.perf_counter()
+
+        def encode(sentences, _task=task):
+            return encoder.encode(sentences, desc=DISPLAY_NAMES[_task])
+
+        if task in STS_TASKS:
+            results[task] = evaluate_sts_task(encode, load_sts_task(senteval_dir, task), aggregation)
+            summary = f"spearman {results[task]['spearman']:.2f}  pearson {results[task]['pearson']:.2f}"
+        else:
+            results[task] = evaluate_transfer_task(encode, senteval_dir, task, seed, kfold, inner_folds)
+            summary = f"accuracy {results[task]['accuracy']:.2f}"
+        seconds[task] = round(time.perf_counter() - start, 2)
+        if log:
+            log(f"{DISPLAY_NAMES[task]:>12}: {summary}  (n={results[task]['n']}, {seconds[task]:.1f}s)")
+    sts_ran = [t for t in STS_TEST_TASKS if t in results]
+    if sts_ran:
+        results["avg"] = _mean([results[t]["spearman"] for t in sts_ran])
+        results["avg_over"] = sts_ran
+    transfer_ran = [t for t in TRANSFER_TASKS if t in results]
+    if transfer_ran:
+        results["transfer_avg"] = _mean([results[t]["accuracy"] for t in transfer_ran])
+        results["transfer_avg_over"] = transfer_ran
+    results["seconds"] = seconds
+    return results
+
+
+def _cell(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def _avg_cell(results: dict, key: str, over_key: str, total: int) -> str:
+    if key not in results:
+        return "–"
+    ran = len(results[over_key])
+    return _cell(results[key]) + ("" if ran == total else f" ({ran}/{total})")
+
+
+def markdown_table(results: dict, label: str = "model") -> str:
+    """Markdown tables in the papers' column order: STS (Spearman x100) and, if any ran, transfer (accuracy)."""
+    lines = []
+    header = ["Model", *(DISPLAY_NAMES[t] for t in STS_TEST_TASKS), "Avg."]
+    cells = [label, *(_cell(results.get(t, {}).get("spearman")) for t in STS_TEST_TASKS)]
+    cells.append(_avg_cell(results, "avg", "avg_over", len(STS_TEST_TASKS)))
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), "| " + " | ".join(cells) + " |"]
+    extras = [t for t in STS_TASKS if t not in STS_TEST_TASKS and t in results]
+    if extras:
+        lines += ["", "| Model | " + " | ".join(DISPLAY_NAMES[t] for t in extras) + " |", "|" + "---|" * (len(extras) + 1)]
+        lines.append(f"| {label} | " + " | ".join(_cell(results[t]["spearman"]) for t in extras) + " |")
+    if any(t in results for t in TRANSFER_TASKS):
+        header = ["Model", *(DISPLAY_NAMES[t] for t in TRANSFER_TASKS), "Avg."]
+        cells = [label, *(_cell(results.get(t, {}).get("accuracy")) for t in TRANSFER_TASKS)]
+        cells.append(_avg_cell(results, "transfer_avg", "transfer_avg_over", len(TRANSFER_TASKS)))
+        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), "| " + " | ".join(cells) + " |"]
+    return "\n".join(lines)
