@@ -73,3 +73,47 @@ def minilm() -> str:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def tiny_training_args(output_dir, **overrides):
+    """MoCoSETrainingArguments for fast CPU tests (small batch/queue, no eval, no saving, no logging to files)."""
+    from hf_mocose.training_args import MoCoSETrainingArguments
+
+    defaults = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        queue_size=10,
+        queue_init_size=3,
+        max_seq_length=16,
+        max_steps=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        eval_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    defaults.update(overrides)
+    return MoCoSETrainingArguments(**defaults)
+
+
+def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, **overrides):
+    """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs."""
+    from transformers import AutoTokenizer, set_seed
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.data import load_sentences, python_docs_sentences, tokenize_sentences
+    from hf_mocose.trainer import MoCoSETrainer
+    from datasets import Dataset
+
+    args = tiny_training_args(output_dir, **overrides)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(encoder_path)
+    model = MoCoSEModel.from_pretrained(encoder_path, **args.model_config_kwargs())
+    if sentences is None:
+        sentences = python_docs_sentences()[:n_sentences]
+    dataset = tokenize_sentences(Dataset.from_dict({"text": list(sentences)}), tokenizer, args.max_seq_length)
+    return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)

@@ -1,0 +1,71 @@
+"""Cross-cutting training work done by callbacks: the EMA update of the target branch.
+
+Runs once per optimizer step (after `optimizer.step()`), never inside `forward`: under gradient
+accumulation a `forward`-time update would run once per micro-batch, and on stray forwards (eval).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import TrainerCallback
+
+
+def validate_ema_decay(start: float, end: float) -> None:
+    for name, value in (("ema_decay_start", start), ("ema_decay_end", end)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
+
+
+def ema_decay_at(step: int, total_steps: int, start: float, end: float) -> float:
+    r"""The cosine-ramped EMA decay :math:`\eta(t) = \eta_{end} - (\eta_{end} - \eta_{start})(\cos(\pi t/T) + 1)/2`.
+
+    `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T = `total_steps`.
+    `start == end` gives a constant decay.
+    """
+    if total_steps <= 0:
+        return end
+    t = min(max(step, 0), total_steps)
+    return end - (end - start) * (math.cos(math.pi * t / total_steps) + 1) / 2
+
+
+def max_traceable_distance(decay: float, queue_size: int, global_batch_size: int) -> float:
+    r"""MoCoSE's maximum traceable distance :math:`d_{trace} = 1/(1-\eta) + K/B` (inf for eta = 1)."""
+    smoothing = math.inf if decay >= 1.0 else 1.0 / (1.0 - decay)
+    return smoothing + queue_size / global_batch_size
+
+
+class EMATargetCallback(TrainerCallback):
+    """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
+
+    Parameters are interpolated with one fused `torch._foreach_lerp_` over flat tensor lists built
+    once; floating buffers are copied. The decay follows `ema_decay_at(global_step)`.
+
+    Args:
+        model: the (unwrapped) `MoCoSEModel`.
+        decay_start, decay_end: eta at the first and last optimizer step.
+    """
+
+    def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95):
+        validate_ema_decay(decay_start, decay_end)
+        self.decay_start, self.decay_end = decay_start, decay_end
+        online_p, target_p, online_b, target_b = model.ema_parameter_pairs()
+        self._online_params, self._target_params = online_p, target_p
+        self._online_buffers, self._target_buffers = online_b, target_b
+        self.last_decay: float | None = None
+
+    def decay_at(self, step: int, total_steps: int) -> float:
+        return ema_decay_at(step, total_steps, self.decay_start, self.decay_end)
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        """One EMA step with decay `decay`."""
+        # lerp_(online, w): target += w * (online - target), i.e. eta*target + (1-eta)*online for w = 1-eta.
+        torch._foreach_lerp_(self._target_params, self._online_params, 1.0 - decay)
+        if self._target_buffers:
+            torch._foreach_copy_(self._target_buffers, self._online_buffers)
+        self.last_decay = decay
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.update(self.decay_at(state.global_step, state.max_steps))

@@ -1,0 +1,95 @@
+"""Training data: sentences from a file, a `datasets` dataset, or the built-in offline corpus, tokenised once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+
+BUILTIN_PYTHON_DOCS = "builtin:python_docs"
+_EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
+    """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`).
+
+    A corpus present on any fresh install, for smoke runs and the offline quickstart. It is
+    technical prose, not a substitute for a real corpus such as SimCSE's wiki1m.
+    """
+    from pydoc_data.topics import topics
+
+    text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
+    sentences, seen = [], set()
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):
+        sentence = sentence.strip()
+        n_words = len(sentence.split())
+        if min_words <= n_words <= max_words and sentence not in seen and not sentence.startswith((">>>", "...")):
+            seen.add(sentence)
+            sentences.append(sentence)
+    return sentences
+
+
+def load_sentences(
+    train_file: str | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
+    text_column: str = "text",
+    max_train_samples: int | None = None,
+) -> Dataset:
+    """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
+
+    Args:
+        train_file: one sentence per line (`.txt`), or a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file
+            with a `text_column`; or `builtin:python_docs` for the offline corpus.
+        dataset_name: a `datasets` dataset (Hub name or local folder), used when `train_file` is None.
+        text_column: the column holding the sentences.
+        max_train_samples: keep only the first N sentences.
+    """
+    if train_file == BUILTIN_PYTHON_DOCS:
+        dataset = Dataset.from_dict({"text": python_docs_sentences()})
+    elif train_file is not None:
+        path = Path(train_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"train_file {train_file!r} does not exist (or is not a file).")
+        builder = _EXTENSION_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(
+                f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
+                f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}."
+            )
+        extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+        dataset = load_dataset(builder, data_files=str(path), split="train", **extra)
+    elif dataset_name is not None:
+        dataset = load_dataset(dataset_name, dataset_config, split=dataset_split)
+    else:
+        raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
+
+    if text_column not in dataset.column_names:
+        raise ValueError(
+            f"text_column {text_column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
+        )
+    dataset = dataset.select_columns([text_column])
+    if text_column != "text":
+        dataset = dataset.rename_column(text_column, "text")
+    dataset = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    if len(dataset) == 0:
+        raise ValueError(f"The training data ({train_file or dataset_name}) has no non-empty sentences.")
+    if max_train_samples is not None:
+        dataset = dataset.select(range(min(max_train_samples, len(dataset))))
+    return dataset
+
+
+def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None) -> Dataset:
+    """Tokenises the `text` column once with `Dataset.map` (cached); over-long sentences are truncated.
+
+    Padding is left to the collator (dynamic, or fixed length for FGSM "previous").
+    """
+    return dataset.map(
+        lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_seq_length),
+        batched=True,
+        remove_columns=["text"],
+        num_proc=num_proc,
+        desc="Tokenizing",
+    )

@@ -1,0 +1,135 @@
+"""The training entry point behind `scripts/train.py` and `hf-mocose train`.
+
+    accelerate launch scripts/train.py training_args/<recipe>.yaml [--field value ...]
+
+A YAML recipe gives defaults for any field of `ScriptArguments` and `MoCoSETrainingArguments`;
+command-line flags override it (as TRL's parser does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import AutoTokenizer, HfArgumentParser, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from .data import load_sentences, tokenize_sentences
+from .modeling import MoCoSEModel
+from .trainer import MoCoSETrainer
+from .training_args import MoCoSETrainingArguments
+
+logger = logging.getLogger("hf_mocose.train")
+
+
+@dataclass
+class ScriptArguments:
+    """What to train on: the starting model and the data."""
+
+    model_name_or_path: str = field(
+        default="bert-base-uncased",
+        metadata={"help": "Encoder to start from (Hub id or folder), or a MoCoSE checkpoint to continue from."},
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or builtin:python_docs."},
+    )
+    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset used when train_file is unset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of dataset_name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    final_model_dir: str | None = field(
+        default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
+    """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments))
+    if argv and argv[0].endswith((".yaml", ".yml")):
+        recipe_path = Path(argv.pop(0))
+        if not recipe_path.is_file():
+            raise FileNotFoundError(f"Recipe {str(recipe_path)!r} does not exist.")
+        recipe = yaml.safe_load(recipe_path.read_text()) or {}
+        known = {action.dest for action in parser._actions}
+        unknown = sorted(set(recipe) - known)
+        if unknown:
+            raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
+        for action in parser._actions:
+            if action.dest in recipe:
+                action.required = False
+        parser.set_defaults(**recipe)
+    script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    return script_args, training_args
+
+
+def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
+    """Checks `stsb_dev_file`; turns evaluation off (saying so) when it is absent and allowed to be."""
+    path = args.stsb_dev_file
+    if path and not Path(path).is_file():
+        if not args.skip_missing_stsb_dev:
+            raise FileNotFoundError(
+                f"stsb_dev_file {path!r} does not exist. Point it at SentEval's STS/STSBenchmark/sts-dev.csv, "
+                "or set --skip_missing_stsb_dev true to train without evaluation."
+            )
+        logger.warning("No STS-B dev file at %s: training without STS-B evaluation.", path)
+        path = None
+    if path is None:
+        args.stsb_dev_file = None
+        args.eval_strategy = "no"
+        args.load_best_model_at_end = False
+    return path
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Trains, saves the final checkpoint and returns its folder."""
+    script_args, args = parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    stsb_dev = _resolve_stsb_dev(args)
+    set_seed(args.seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(script_args.model_name_or_path)
+    model = MoCoSEModel.from_pretrained(script_args.model_name_or_path, **args.model_config_kwargs())
+    with args.main_process_first(desc="loading and tokenising the training data"):
+        sentences = load_sentences(
+            script_args.train_file,
+            script_args.dataset_name,
+            script_args.dataset_config,
+            script_args.dataset_split,
+            script_args.text_column,
+            script_args.max_train_samples,
+        )
+        train_dataset = tokenize_sentences(
+            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers
+        )
+
+    trainer = MoCoSETrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    resume = args.resume_from_checkpoint
+    if resume in ("last", "latest", "True", "true") or resume is True:
+        resume = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        logger.info("Resuming from %s", resume or "scratch (no checkpoint found)")
+    trainer.train(resume_from_checkpoint=resume)
+
+    final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
+    trainer.save_model(final_dir)
+    if stsb_dev is not None:
+        metrics = trainer.evaluate()
+        trainer.save_metrics("eval", metrics)
+        if trainer.is_world_process_zero():
+            print(f"STS-B dev Spearman: {metrics['eval_stsb_spearman']:.2f} (Pearson {metrics['eval_stsb_pearson']:.2f})")
+    elif trainer.is_world_process_zero():
+        print("No STS-B dev score: no stsb_dev_file was found (set stsb_dev_file to SentEval's sts-dev.csv).")
+    if trainer.is_world_process_zero():
+        print(f"Saved the final MoCoSE checkpoint to {final_dir}")
+    return final_dir
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,141 @@
+"""`MoCoSETrainingArguments`: every method hyper-parameter as a documented `TrainingArguments` field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from .augmentation import FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
+from .callbacks import validate_ema_decay
+from .configuration import METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
+from .pooling import SENTENCE_POOLING_MODES
+
+
+@dataclass
+class MoCoSETrainingArguments(TrainingArguments):
+    r"""Configuration for [`MoCoSETrainer`]. Defaults reproduce the MoCoSE paper (BERT-base).
+
+    Only the parameters specific to MoCoSE are listed here; see [`~transformers.TrainingArguments`]
+    for the rest. Fields marked *(model)* are copied into the `MoCoSEConfig` of a freshly built model
+    (see `model_config_kwargs`); a MoCoSE checkpoint keeps its own.
+
+    > Parameters that control the method
+
+    method (`str`, defaults to `"mocose"`): *(model)* `"mocose"` or `"simcse"` (in-batch negatives, no target).
+    contrastive_temperature (`float`, defaults to `0.05`): *(model)* InfoNCE temperature tau.
+    in_batch_negatives (`bool`, defaults to `True`): *(model)* other keys of the global batch are negatives too.
+
+    > Parameters that control the model
+
+    sentence_pooling (`str`, defaults to `"cls"`): *(model)* embedding for evaluation/export: `cls`, `cls_dense`, `mean`.
+    projection_layers (`int`, defaults to `1`): *(model)* Linear+LayerNorm+Dropout blocks after the pooler.
+    predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
+    predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = hidden size.
+    head_dropout (`float`, defaults to `0.1`): *(model)* dropout in projection/predictor blocks.
+    encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
+    target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
+    max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence (longer ones are truncated).
+
+    > Parameters that control the queue and the target
+
+    queue_size (`int`, defaults to `512`): *(model)* K, the queue capacity.
+    queue_init_size (`int`, defaults to `128`): *(model)* K_s, random unit vectors the queue starts with.
+    ema_decay_start (`float`, defaults to `0.75`): eta at the first optimizer step.
+    ema_decay_end (`float`, defaults to `0.95`): eta at the last optimizer step (cosine ramp between).
+
+    > Parameters that control FGSM
+
+    fgsm_mode (`str`, defaults to `"previous"`): `previous`, `exact` or `off`.
+    fgsm_epsilon (`float`, defaults to `5e-9`): FGSM step size.
+    fgsm_views (`str`, defaults to `"both"`): perturb `both` branches or the `online` one only.
+    pad_to_max_length (`bool` or `None`, defaults to `None`): pad every batch to `max_seq_length`;
+        None = only when `fgsm_mode="previous"` needs equal shapes.
+
+    > Parameters that control evaluation
+
+    stsb_dev_file (`str` or `None`): SentEval-layout `sts-dev.csv` scored during training as `eval_stsb_spearman`.
+    skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation.
+    """
+
+    # --- Paper defaults for inherited fields (lr 3e-5, batch 64, weight decay 1e-6, 1 epoch, eval every 100) ---
+    learning_rate: float = field(default=3e-5, metadata={"help": "Initial AdamW learning rate (paper: 3e-5)."})
+    per_device_train_batch_size: int = field(default=64, metadata={"help": "Batch size per device (paper: 64)."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Batch size for encoding STS-B dev."})
+    weight_decay: float = field(default=1e-6, metadata={"help": "AdamW weight decay (paper: 1e-6)."})
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Training epochs (paper: 1)."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every X optimizer steps."})
+    eval_strategy: str = field(default="steps", metadata={"help": "When to score STS-B dev: `no`, `steps`, `epoch`."})
+    eval_steps: float | None = field(default=100, metadata={"help": "Score STS-B dev every X steps (paper: 100)."})
+    save_steps: float = field(default=100, metadata={"help": "Save a resumable checkpoint every X steps."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
+    metric_for_best_model: str | None = field(
+        default="stsb_spearman", metadata={"help": "Metric for `load_best_model_at_end` (STS-B dev Spearman)."}
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "Every trainable parameter is used each step; False avoids DDP's unused-parameter scan."},
+    )
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={"help": "False: do not broadcast the queue and buffers at every forward (they stay equal anyway)."},
+    )
+
+    # --- Method ---
+    method: str = field(default="mocose", metadata={"help": f"(model) Training method: {', '.join(METHODS)}."})
+    contrastive_temperature: float = field(default=0.05, metadata={"help": "(model) InfoNCE temperature tau > 0."})
+    in_batch_negatives: bool = field(
+        default=True, metadata={"help": "(model) Use the other keys of the global batch as negatives too."}
+    )
+
+    # --- Model ---
+    sentence_pooling: str = field(
+        default="cls", metadata={"help": f"(model) Sentence embedding: {', '.join(SENTENCE_POOLING_MODES)}."}
+    )
+    projection_layers: int = field(default=1, metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."})
+    predictor_layers: int = field(default=2, metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."})
+    predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default hidden size."})
+    head_dropout: float = field(default=0.1, metadata={"help": "(model) Dropout in projection and predictor blocks."})
+    encoder_dropout: float | None = field(
+        default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
+    )
+    target_dropout: bool = field(default=True, metadata={"help": "(model) Run the target branch with dropout in training."})
+    max_seq_length: int = field(default=32, metadata={"help": "(model) Tokens per sentence; longer ones are truncated."})
+
+    # --- Queue and EMA target ---
+    queue_size: int = field(default=512, metadata={"help": "(model) K: capacity of the negative-key queue."})
+    queue_init_size: int = field(default=128, metadata={"help": "(model) K_s: random unit vectors the queue starts with."})
+    ema_decay_start: float = field(default=0.75, metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."})
+    ema_decay_end: float = field(
+        default=0.95, metadata={"help": "EMA decay eta at the last step (cosine ramp); 1.0 reproduces the reference code."}
+    )
+
+    # --- FGSM ---
+    fgsm_mode: str = field(default="previous", metadata={"help": f"FGSM on word embeddings: {', '.join(FGSM_MODES)}."})
+    fgsm_epsilon: float = field(default=5e-9, metadata={"help": "FGSM step size epsilon >= 0."})
+    fgsm_views: str = field(default="both", metadata={"help": f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}."})
+    pad_to_max_length: bool | None = field(
+        default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
+    )
+
+    # --- Evaluation ---
+    stsb_dev_file: str | None = field(
+        default=None, metadata={"help": "Path of a SentEval-layout STS-B `sts-dev.csv` scored during training."}
+    )
+    skip_missing_stsb_dev: bool = field(
+        default=False, metadata={"help": "If stsb_dev_file does not exist, train without evaluation instead of failing."}
+    )
+
+    def __post_init__(self):
+        validate_method_hparams(self.model_config_kwargs())
+        validate_ema_decay(self.ema_decay_start, self.ema_decay_end)
+        FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views)  # validates
+        if self.method == "simcse" and not self.in_batch_negatives:
+            raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
+        if self.pad_to_max_length is None:
+            self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
+        super().__post_init__()
+
+    def model_config_kwargs(self) -> dict:
+        """The `MoCoSEConfig` fields these arguments set, for building a fresh model."""
+        return {name: getattr(self, name) for name in MODEL_CONFIG_FIELDS}

@@ -1,0 +1,98 @@
+"""FGSM on the word embeddings: exact, previous, off."""
+
+import pytest
+import torch
+
+from conftest import make_trainer
+
+NO_DROPOUT = dict(encoder_dropout=0.0, head_dropout=0.0, fgsm_epsilon=1e-3, pad_to_max_length=True)
+
+
+def _recording(trainer, monkeypatch):
+    """Records the perturbation each forward of the (unwrapped) model receives."""
+    seen = []
+    model = trainer.model
+    original = model.forward
+
+    def forward(*args, embedding_perturbation=None, **kwargs):
+        seen.append(embedding_perturbation)
+        return original(*args, embedding_perturbation=embedding_perturbation, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    return seen
+
+
+def _batch(trainer):
+    return next(iter(trainer.get_train_dataloader()))
+
+
+def test_exact_moves_inputs_by_epsilon_sign_gradient(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="exact", **NO_DROPOUT)
+    model = trainer.model.train()
+    inputs = _batch(trainer)
+    # the gradient of the clean loss w.r.t. the word embeddings, computed independently
+    clean = model(**inputs)
+    loss, _ = trainer._contrastive_loss(model, clean)
+    (gradient,) = torch.autograd.grad(loss.loss, clean.word_embeddings)
+    seen = _recording(trainer, monkeypatch)
+    outputs = trainer.compute_loss(model, inputs, return_outputs=True)[1]
+    assert seen[0] is None and seen[1] is not None  # clean pass, then the perturbed one
+    assert torch.equal(seen[1], 1e-3 * torch.sign(gradient))
+    word = model.online_encoder.get_input_embeddings()(inputs["input_ids"])
+    assert torch.allclose(outputs.word_embeddings - word, 1e-3 * torch.sign(gradient), atol=1e-7)
+
+
+def test_previous_reuses_last_gradient(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="previous", **NO_DROPOUT)
+    model = trainer.model.train()
+    batches = iter(trainer.get_train_dataloader())
+    seen = _recording(trainer, monkeypatch)
+    first = next(batches)
+    loss = trainer.compute_loss(model, first)
+    assert seen[-1] is None  # nothing to reuse yet
+    loss.backward()
+    stored = trainer.fgsm.last_gradient_sign.clone()
+    assert stored.shape == (*first["input_ids"].shape, 32)
+    trainer.compute_loss(model, next(batches))
+    assert torch.equal(seen[-1], 1e-3 * stored)  # one forward only, with the previous gradient's sign
+    assert len(seen) == 2
+
+
+def test_previous_skips_other_shapes_and_says_once(tiny_encoder, tmp_path, caplog):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="previous", **NO_DROPOUT)
+    trainer.fgsm.last_gradient_sign = torch.ones(2, 3, 32)
+    assert trainer.fgsm.previous_perturbation(torch.Size((4, 16, 32))) is None
+    assert trainer.fgsm.previous_perturbation(torch.Size((4, 16, 32))) is None
+    assert sum("fgsm_mode='previous' skipped" in r.message for r in caplog.records) == 1
+
+
+def test_off_changes_nothing(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="off", **NO_DROPOUT)
+    model = trainer.model.train()
+    inputs = _batch(trainer)
+    seen = _recording(trainer, monkeypatch)
+    outputs = trainer.compute_loss(model, inputs, return_outputs=True)[1]
+    assert seen == [None]
+    word = model.online_encoder.get_input_embeddings()(inputs["input_ids"])
+    assert torch.equal(outputs.word_embeddings, word)
+    assert trainer.fgsm.last_gradient_sign is None
+
+
+def test_online_view_only(tiny_encoder, tmp_path):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="exact", fgsm_views="online", **NO_DROPOUT)
+    model = trainer.model.train()
+    inputs = _batch(trainer)
+    plain_key = model(**inputs).key
+    _, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+    assert torch.equal(outputs.key, plain_key)  # target saw the clean embeddings
+    trainer.fgsm.views = "both"
+    _, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+    assert not torch.equal(outputs.key, plain_key)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"fgsm_mode": "pgd"}, "fgsm_mode 'pgd'"), ({"fgsm_epsilon": -1.0}, "fgsm_epsilon")])
+def test_bad_fgsm_settings(tmp_path, kwargs, match):
+    from conftest import tiny_training_args
+
+    with pytest.raises(ValueError, match=match):
+        tiny_training_args(tmp_path, **kwargs)

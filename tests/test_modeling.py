@@ -1,0 +1,139 @@
+"""MoCoSEModel: construction around an encoder, branches, pooling, save/load round trip."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+from hf_mocose import MoCoSEConfig, MoCoSEModel
+
+SMALL = dict(queue_size=12, queue_init_size=4)
+
+
+@pytest.fixture
+def model(tiny_encoder):
+    return MoCoSEModel.from_pretrained(tiny_encoder, **SMALL)
+
+
+def _batch(n=3, length=7):
+    ids = torch.randint(1000, 2000, (n, length))
+    ids[:, 0] = 101
+    return ids, torch.ones_like(ids)
+
+
+def test_builds_around_plain_encoder(model, tiny_encoder):
+    plain = AutoModel.from_pretrained(tiny_encoder)
+    assert model.config.model_type == "mocose" and model.config.queue_size == 12
+    # online encoder = checkpoint; pooler Linear initialised from the checkpoint's pooler dense
+    for name, tensor in plain.state_dict().items():
+        if name.startswith("pooler."):
+            continue
+        assert torch.equal(model.online_encoder.state_dict()[name], tensor), name
+    assert torch.equal(model.online_pooler.weight, plain.pooler.dense.weight)
+    assert model.online_encoder.pooler is None and model.target_encoder.pooler is None
+
+
+def test_target_is_a_frozen_copy_with_own_storage(model):
+    online_p, target_p, _, _ = model.ema_parameter_pairs()
+    assert len(online_p) == len(target_p) > 0
+    for online, target in zip(online_p, target_p):
+        assert torch.equal(online, target)
+        assert online.data_ptr() != target.data_ptr()
+        assert not target.requires_grad
+    # word embeddings are shared: the target keeps a 1-row placeholder
+    assert model.target_encoder.get_input_embeddings().weight.shape[0] == 1
+
+
+def test_forward_shapes_and_target_gets_no_gradient(model):
+    ids, mask = _batch()
+    out = model(input_ids=ids, attention_mask=mask)
+    assert out.query.shape == (3, 32) and out.key.shape == (3, 32)
+    assert out.word_embeddings.shape == (3, 7, 32)
+    assert out.query.requires_grad and not out.key.requires_grad
+    (out.query.sum() + out.key.sum()).backward()
+    assert all(p.grad is None for m in model.target_modules() for p in m.parameters())
+    assert model.online_pooler.weight.grad is not None
+
+
+def test_target_dropout_switch(tiny_encoder):
+    model = MoCoSEModel.from_pretrained(tiny_encoder, target_dropout=False, **SMALL)
+    model.train()
+    assert model.online_encoder.training and not model.target_encoder.training
+    ids, mask = _batch()
+    keys = [model(input_ids=ids, attention_mask=mask).key for _ in range(2)]
+    assert torch.equal(keys[0], keys[1])  # deterministic target
+    model_with = MoCoSEModel.from_pretrained(tiny_encoder, **SMALL).train()
+    assert model_with.target_encoder.training
+
+
+@pytest.mark.parametrize("pooling", ["cls", "cls_dense", "mean"])
+def test_sentence_pooling(tiny_encoder, pooling):
+    model = MoCoSEModel.from_pretrained(tiny_encoder, sentence_pooling=pooling, **SMALL).eval()
+    ids, mask = _batch()
+    mask[0, 5:] = 0
+    hidden = model.online_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    expected = {
+        "cls": hidden[:, 0],
+        "cls_dense": model.online_pooler(hidden[:, 0]),
+        "mean": (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True),
+    }[pooling]
+    assert torch.allclose(model.embed(ids, mask), expected, atol=1e-6)
+
+
+def test_save_load_round_trip_bit_for_bit(model, tmp_path):
+    model.queue.enqueue(torch.randn(5, 32))
+    with torch.no_grad():
+        for p in model.target_modules()[1].parameters():
+            p.add_(1.0)  # target differs from online
+    model.save_pretrained(tmp_path)
+    loaded = MoCoSEModel.from_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    before, after = model.state_dict(), loaded.state_dict()
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+    assert int(loaded.queue.queue_ptr) == 9 and int(loaded.queue.queue_fill) == 9
+    assert loaded.config.to_dict()["queue_size"] == 12
+
+
+def test_auto_classes(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), MoCoSEConfig)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), MoCoSEModel)
+
+
+def test_simcse_mode_has_no_target(tiny_encoder):
+    model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse")
+    assert not hasattr(model, "queue") and not hasattr(model, "target_encoder")
+    out = model(*_batch())
+    assert out.key.requires_grad  # second dropout view carries gradient
+
+
+def test_rejects_non_encoder(tmp_path):
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=8, vocab_size=50)
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="gpt2.*not a bidirectional encoder"):
+        MoCoSEModel.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"queue_init_size": 20, "queue_size": 10}, "queue_init_size"),
+        ({"queue_size": 0}, "queue_size"),
+        ({"contrastive_temperature": 0.0}, "contrastive_temperature"),
+        ({"sentence_pooling": "max"}, "sentence_pooling 'max'"),
+        ({"method": "byol"}, "method 'byol'"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MoCoSEConfig(encoder_config={"model_type": "bert"}, **kwargs)
+
+
+def test_distilbert_encoder(tmp_path):
+    from conftest import build_tiny_encoder
+
+    path = build_tiny_encoder(tmp_path / "distil", model_type="distilbert")
+    model = MoCoSEModel.from_pretrained(path, **SMALL)
+    ids, mask = _batch()
+    assert model(input_ids=ids, attention_mask=mask).query.shape == (3, 32)
