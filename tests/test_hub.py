@@ -1,0 +1,219 @@
+"""`hf-mocose push` end to end through the real huggingface_hub client, against a local fake Hub.
+
+The fake Hub (a `ThreadingHTTPServer` on 127.0.0.1, free port) answers the endpoints the client
+calls for create-repo, create-branch, README validation, preupload and commit. It answers
+"regular" to every preupload question, so files travel base64-encoded inside the commit's NDJSON
+payload (the server decides upload modes; the client follows), and it keeps what arrives.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from hf_mocose import cli
+from hf_mocose.hub import HubPushError, list_upload_files, push_export, validate_repo_id
+
+TOKEN = "hf_fakeTokenForTests0123456789"
+
+
+class FakeHub:
+    """State of the fake Hub: the requests seen, the files committed per (repo, revision)."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str]] = []
+        self.files: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.branches: set[tuple[str, str]] = set()
+        self.fail_create_repo: int | None = None  # HTTP status to answer create-repo with
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def _reply(self, status: int, payload: dict) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                path = self.path.split("?")[0]
+                hub.requests.append(("POST", path))
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._reply(401, {"error": "Invalid credentials in Authorization header"})
+                if path == "/api/validate-yaml":
+                    return self._reply(200, {"errors": [], "warnings": []})
+                if path == "/api/repos/create":
+                    if hub.fail_create_repo:
+                        return self._reply(hub.fail_create_repo, {"error": "Internal Error - We're working hard to fix this"})
+                    data = json.loads(body)
+                    return self._reply(200, {"url": f"{hub.url}/{data['organization']}/{data['name']}"})
+                parts = path.split("/")  # ['', 'api', 'models', ns, name, action, revision]
+                if len(parts) != 7 or parts[:3] != ["", "api", "models"]:
+                    return self._reply(404, {"error": f"no route {path}"})
+                repo, action, revision = f"{parts[3]}/{parts[4]}", parts[5], parts[6]
+                if action == "branch":
+                    hub.branches.add((repo, revision))
+                    return self._reply(200, {})
+                if action == "preupload":
+                    files = json.loads(body)["files"]
+                    return self._reply(200, {"files": [
+                        {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files
+                    ]})
+                if action == "commit":
+                    stored = hub.files.setdefault((repo, revision), {})
+                    for line in body.splitlines():
+                        item = json.loads(line)
+                        if item["key"] == "file":
+                            stored[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+                        elif item["key"] != "header":
+                            return self._reply(400, {"error": f"unexpected commit item {item['key']}"})
+                    oid = "0123456789abcdef0123456789abcdef01234567"
+                    return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
+                                             "pullRequestUrl": None})
+                return self._reply(404, {"error": f"no route {path}"})
+
+        return Handler
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    import huggingface_hub.constants as constants
+
+    hub = FakeHub()
+    hub.thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    # conftest turns offline mode on before huggingface_hub is imported; its constant is what is read.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+    yield hub
+    hub.server.shutdown()
+    hub.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def export_dir(tiny_encoder, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.export import export_to_sentence_transformers
+
+    root = tmp_path_factory.mktemp("hub")
+    model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling="cls_dense", queue_size=8, queue_init_size=4)
+    model.save_pretrained(root / "ckpt")
+    AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(root / "ckpt")
+    return export_to_sentence_transformers(root / "ckpt", root / "export", verify=False, repo_id="alice/tiny-mocose")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_cli(argv, capsys):
+    """Runs `hf-mocose` with this module's sub-commands registered; returns (code, stdout, stderr)."""
+    original = cli.COMMAND_MODULES
+    cli.COMMAND_MODULES = ("hf_mocose.publish_commands",)
+    try:
+        code = cli.main(argv)
+    finally:
+        cli.COMMAND_MODULES = original
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("xet", [True, False], ids=["xet-installed-path", "legacy-path"])
+def test_push_uploads_export_byte_for_byte(fake_hub, export_dir, capsys, monkeypatch, xet):
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", not xet)  # both upload_folder code paths
+    before = snapshot(export_dir)
+    code, out, err = run_cli(["push", str(export_dir), "--repo_id", "alice/tiny-mocose"], capsys)
+    assert code == 0, err
+    assert fake_hub.files[("alice/tiny-mocose", "main")] == before
+    assert f"{fake_hub.url}/alice/tiny-mocose/commit/" in out
+    assert TOKEN not in out + err
+    assert snapshot(export_dir) == before
+    assert ("POST", "/api/repos/create") in fake_hub.requests
+
+
+def test_push_to_branch_creates_it(fake_hub, export_dir):
+    url = push_export(export_dir, "alice/tiny-mocose", revision="v1", commit_message="first")
+    assert url.startswith(f"{fake_hub.url}/alice/tiny-mocose/commit/")
+    assert ("alice/tiny-mocose", "v1") in fake_hub.branches
+    assert fake_hub.files[("alice/tiny-mocose", "v1")] == snapshot(export_dir)
+
+
+def test_dry_run_sends_nothing(fake_hub, export_dir, capsys):
+    code, out, _ = run_cli(["push", str(export_dir), "--repo_id", "alice/tiny-mocose", "--dry_run"], capsys)
+    assert code == 0
+    assert fake_hub.requests == []
+    listed = list_upload_files(export_dir)
+    assert [path for path, _ in listed] == sorted(snapshot(export_dir))
+    for path, size in listed:
+        assert f"  {path}\t{size}" in out
+    assert "nothing was sent" in out
+
+
+def test_missing_token_is_a_clear_error(fake_hub, export_dir, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    before = snapshot(export_dir)
+    code, _, err = run_cli(["push", str(export_dir), "--repo_id", "alice/tiny-mocose"], capsys)
+    assert code == 1
+    assert "No Hugging Face token found" in err and "HF_TOKEN" in err
+    assert fake_hub.requests == []
+    assert snapshot(export_dir) == before
+
+
+def test_server_error_is_a_clear_error(fake_hub, export_dir):
+    fake_hub.fail_create_repo = 500
+    before = snapshot(export_dir)
+    with pytest.raises(HubPushError) as info:
+        push_export(export_dir, "alice/tiny-mocose")
+    message = str(info.value)
+    assert "500" in message and "alice/tiny-mocose" in message and "local folder was not changed" in message
+    assert TOKEN not in message
+    assert snapshot(export_dir) == before
+    assert not fake_hub.files
+
+
+def test_rejected_token_is_a_clear_error(fake_hub, export_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(HubPushError, match="token rejected") as info:
+        push_export(export_dir, "alice/tiny-mocose")
+    assert "hf_wrong" not in str(info.value)
+
+
+@pytest.mark.parametrize("repo_id", ["tiny-mocose", "alice/tiny/mocose", "alice/bad--name", "alice/", "/x", "a b/c"])
+def test_invalid_repo_id_names_it(fake_hub, export_dir, capsys, repo_id):
+    with pytest.raises(ValueError, match="Invalid repo id") as info:
+        validate_repo_id(repo_id)
+    assert repr(repo_id) in str(info.value)
+    code, _, err = run_cli(["push", str(export_dir), "--repo_id", repo_id], capsys)
+    assert code == 2 and repr(repo_id) in err
+    assert fake_hub.requests == []
+
+
+def test_push_refuses_a_folder_that_is_not_an_export(fake_hub, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a sentence-transformers export"):
+        push_export(tmp_path, "alice/tiny-mocose")
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        push_export(tmp_path / "does-not-exist", "alice/tiny-mocose")
+    assert fake_hub.requests == []
