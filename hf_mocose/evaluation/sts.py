@@ -172,7 +172,8 @@ def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
     a, b = _as_tensor(embeddings1), _as_tensor(embeddings2)
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"embeddings must both be (n, dim); got {tuple(a.shape)} and {tuple(b.shape)}")
-    return torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-8).double().numpy()
+    # float64: float32 rounding noise would otherwise rank-order identical pairs at random.
+    return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1, eps=1e-12).numpy()
 
 
 def score_correlation(predicted, gold) -> dict:
@@ -184,8 +185,9 @@ def score_correlation(predicted, gold) -> dict:
         raise ValueError(f"{predicted.shape[0]} predictions for {gold.shape[0]} gold scores")
     if len(gold) < 2:
         raise ValueError("a correlation needs at least 2 pairs")
-    # A constant input has no correlation: report nan rather than crash (scipy warns).
-    if np.ptp(predicted) == 0 or np.ptp(gold) == 0:
+    # A constant input (up to float rounding, e.g. identical embeddings: all cosines 1) has no
+    # correlation: report nan rather than rank rounding noise.
+    if np.ptp(predicted) <= 1e-9 or np.ptp(gold) == 0:
         return {"spearman": float("nan"), "pearson": float("nan"), "n": int(len(gold))}
     return {
         "spearman": float(spearmanr(predicted, gold)[0] * 100),
