@@ -1,0 +1,34 @@
+"""Worker for tests/test_distributed.py: trains a tiny MoCoSE model and dumps what each rank holds.
+
+Run under `accelerate launch` (2 processes) or plainly (1 process):
+    python tests/ddp_worker.py ENCODER OUT_DIR PER_DEVICE_BATCH MAX_STEPS [RESUME_FROM]
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import make_trainer  # noqa: E402
+
+
+def main():
+    encoder, out_dir, batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    resume = sys.argv[5] if len(sys.argv) > 5 else None
+    trainer = make_trainer(
+        encoder, out_dir, n_sentences=128, per_device_train_batch_size=batch, max_steps=steps,
+        encoder_dropout=0.0, head_dropout=0.0, fgsm_mode="off", pad_to_max_length=True,
+        queue_size=40, queue_init_size=4, learning_rate=1e-3, save_strategy="steps", save_steps=2,
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    rank = trainer.args.process_index
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    state = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    torch.save({"state": state, "losses": losses, "world_size": trainer.args.world_size}, os.path.join(out_dir, f"rank{rank}.pt"))
+    print(json.dumps({"rank": rank, "world_size": trainer.args.world_size, "losses": losses}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Training data loading, the recipe parser, and bad input caught before training starts."""
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from hf_mocose.data import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
+from hf_mocose.training import main, parse_args
+
+
+def test_text_file_skips_blank_lines(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("first sentence\n\n   \nsecond sentence\n")
+    assert load_sentences(str(path))["text"] == ["first sentence", "second sentence"]
+
+
+def test_csv_with_text_column(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("id,sentence\n1,hello there\n2,general kenobi\n")
+    assert load_sentences(str(path), text_column="sentence")["text"] == ["hello there", "general kenobi"]
+    with pytest.raises(ValueError, match="text_column 'text' is not in .*id, sentence"):
+        load_sentences(str(path))
+
+
+def test_jsonl(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a b c"}\n{"text": ""}\n{"text": "d e f"}\n')
+    assert load_sentences(str(path))["text"] == ["a b c", "d e f"]
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        load_sentences(str(tmp_path / "nope.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match="no non-empty sentences"):
+        load_sentences(str(empty))
+    with pytest.raises(ValueError, match="unsupported extension '.xml'"):
+        (tmp_path / "a.xml").write_text("x")
+        load_sentences(str(tmp_path / "a.xml"))
+    with pytest.raises(ValueError, match="No training data"):
+        load_sentences()
+
+
+def test_builtin_corpus_and_truncation(tiny_encoder):
+    sentences = python_docs_sentences()
+    assert len(sentences) > 1000 and all(s.strip() for s in sentences)
+    dataset = load_sentences(BUILTIN_PYTHON_DOCS, max_train_samples=50)
+    assert len(dataset) == 50
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
+    long_sentence = {"text": [" ".join(["word"] * 200)]}
+    from datasets import Dataset
+
+    tokenized = tokenize_sentences(Dataset.from_dict(long_sentence), tokenizer, max_seq_length=12)
+    assert len(tokenized[0]["input_ids"]) == 12
+
+
+def test_recipe_plus_command_line_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"train_file": "x.txt", "queue_size": 64, "learning_rate": 1e-4, "output_dir": str(tmp_path)}))
+    script, args = parse_args([str(recipe), "--queue_size", "128", "--use_cpu", "true"])
+    assert script.train_file == "x.txt"
+    assert args.queue_size == 128 and args.learning_rate == 1e-4
+    assert args.contrastive_temperature == 0.05 and args.ddp_broadcast_buffers is False
+
+
+def test_recipe_with_unknown_field(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("queue_sise: 64\n")
+    with pytest.raises(ValueError, match="queue_sise"):
+        parse_args([str(recipe)])
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        (["--queue_init_size", "600"], "queue_init_size"),
+        (["--queue_size", "0"], "queue_size"),
+        (["--contrastive_temperature", "0"], "contrastive_temperature"),
+        (["--contrastive_temperature", "-0.1"], "contrastive_temperature"),
+        (["--ema_decay_start", "1.5"], "ema_decay_start"),
+        (["--ema_decay_end", "-0.1"], "ema_decay_end"),
+        (["--sentence_pooling", "max"], "sentence_pooling 'max'"),
+    ],
+)
+def test_bad_hyper_parameters_fail_before_training(flags, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        parse_args(["--output_dir", str(tmp_path), *flags])
+
+
+def test_missing_train_file_fails_before_training(tiny_encoder, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        main(["--model_name_or_path", tiny_encoder, "--train_file", str(tmp_path / "missing.txt"),
+              "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no"])
+
+
+def test_missing_stsb_dev(tiny_encoder, tmp_path):
+    base = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--output_dir", str(tmp_path),
+            "--use_cpu", "true", "--stsb_dev_file", str(tmp_path / "sts-dev.csv")]
+    with pytest.raises(FileNotFoundError, match="sts-dev.csv"):
+        main(base)
+
+
+def test_not_an_encoder_fails_before_training(tmp_path):
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=8, vocab_size=50)
+    AutoModel.from_config(config).save_pretrained(tmp_path / "gpt2")
+    tok = AutoTokenizer.from_pretrained(__import__("conftest").minilm_path())
+    tok.save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="not a bidirectional encoder"):
+        main(["--model_name_or_path", str(tmp_path / "gpt2"), "--train_file", BUILTIN_PYTHON_DOCS,
+              "--output_dir", str(tmp_path / "o"), "--use_cpu", "true", "--eval_strategy", "no"])
+
+
+def test_main_end_to_end_tiny(tiny_encoder, tmp_path, capsys):
+    final = main(["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
+                  "--per_device_train_batch_size", "8", "--max_steps", "3", "--queue_size", "16", "--queue_init_size", "4",
+                  "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no", "--save_steps", "2",
+                  "--disable_tqdm", "true"])
+    out = capsys.readouterr().out
+    assert f"Saved the final MoCoSE checkpoint to {final}" in out
+    assert "No STS-B dev score" in out
+    from hf_mocose import MoCoSEModel
+
+    model = MoCoSEModel.from_pretrained(final)
+    assert int(model.queue.queue_fill) == 16
+    assert (tmp_path / "checkpoint-2" / "model.safetensors").is_file()
+    assert (tmp_path / "final" / "tokenizer.json").is_file()
+
+
+def test_interrupted_run_resumes_from_last_checkpoint(tiny_encoder, tmp_path, monkeypatch):
+    """Ctrl-C mid-training leaves the last checkpoint; `--resume_from_checkpoint last` finishes the run exactly."""
+    import torch
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.trainer import MoCoSETrainer
+
+    def argv(out):
+        return ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "64",
+                "--per_device_train_batch_size", "8", "--max_steps", "6", "--queue_size", "16", "--queue_init_size", "4",
+                "--output_dir", str(out), "--use_cpu", "true", "--eval_strategy", "no", "--save_steps", "2",
+                "--disable_tqdm", "true", "--fgsm_epsilon", "0.01"]
+
+    reference = MoCoSEModel.from_pretrained(main(argv(tmp_path / "reference")))
+
+    calls = {"n": 0}
+    original = MoCoSETrainer.training_step
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MoCoSETrainer, "training_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv(tmp_path / "run"))
+    assert (tmp_path / "run" / "checkpoint-2").is_dir() and not (tmp_path / "run" / "final").exists()
+    monkeypatch.setattr(MoCoSETrainer, "training_step", original)
+    resumed = MoCoSEModel.from_pretrained(main(argv(tmp_path / "run") + ["--resume_from_checkpoint", "last"]))
+    for name, tensor in reference.state_dict().items():
+        assert torch.allclose(tensor, resumed.state_dict()[name], atol=1e-6), name

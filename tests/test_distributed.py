@@ -1,0 +1,79 @@
+"""Two CPU processes (DDP over gloo) through `accelerate launch`, compared with one process.
+
+On CPU, `accelerate launch --cpu --num_processes 2` silently starts ONE process; `--multi_gpu`
+with `use_cpu` starts two. Assertions read what each rank wrote (a rare SIGABRT at interpreter
+exit after correct output has been seen, so the exit code alone is not trusted).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args, n_proc, out_dir):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    if n_proc == 1:
+        cmd = [sys.executable, str(WORKER), *args]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(_free_port()), str(WORKER), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    results = [torch.load(out_dir / f"rank{r}.pt") for r in range(n_proc) if (out_dir / f"rank{r}.pt").is_file()]
+    assert len(results) == n_proc, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return results
+
+
+def _assert_states_close(a, b, atol):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name].float(), b[name].float(), atol=atol), name
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_encoder, tmp_path_factory):
+    two = tmp_path_factory.mktemp("two")
+    one = tmp_path_factory.mktemp("one")
+    return {
+        "two": _run([tiny_encoder, str(two), "4", "4"], 2, two),
+        "one": _run([tiny_encoder, str(one), "8", "4"], 1, one),
+        "two_dir": two,
+    }
+
+
+def test_two_processes_started(runs):
+    assert [r["world_size"] for r in runs["two"]] == [2, 2]
+
+
+def test_ranks_hold_identical_targets_and_queues(runs):
+    rank0, rank1 = (r["state"] for r in runs["two"])
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    assert int(rank0["queue.queue_fill"]) == 4 + 4 * 8  # K_s + steps x global batch: both ranks' keys
+
+
+def test_two_processes_match_one_process_with_same_global_batch(runs):
+    _assert_states_close(runs["two"][0]["state"], runs["one"][0]["state"], atol=1e-5)
+    assert runs["two"][0]["losses"] == pytest.approx(runs["one"][0]["losses"], abs=1e-5)
+
+
+def test_resume_in_two_processes(runs, tiny_encoder, tmp_path):
+    checkpoint = runs["two_dir"] / "checkpoint-2"
+    assert checkpoint.is_dir()
+    resumed = _run([tiny_encoder, str(tmp_path), "4", "4", str(checkpoint)], 2, tmp_path)
+    _assert_states_close(resumed[0]["state"], runs["two"][0]["state"], atol=1e-6)
+    assert resumed[0]["losses"][-2:] == pytest.approx(runs["two"][0]["losses"][-2:], abs=1e-6)

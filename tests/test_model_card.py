@@ -1,0 +1,170 @@
+"""Model cards: rendered from model_cards/, parsed back by huggingface_hub, facts from the run and the eval JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from hf_mocose import MoCoSEModel, cli
+from hf_mocose.model_card import find_template, read_eval_results, render_model_card, write_model_card
+
+# The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).
+EVAL = {
+    "sts12": {"spearman": 71.2, "pearson": 70.1, "n": 3108},
+    "sts13": {"spearman": 81.5, "pearson": 80.9, "n": 1500},
+    "sts14": {"spearman": 75.0, "pearson": 74.2, "n": 3750},
+    "sts15": {"spearman": 82.3, "pearson": 81.8, "n": 3000},
+    "sts16": {"spearman": 78.4, "pearson": 77.9, "n": 1186},
+    "stsb": {"spearman": 77.7, "pearson": 76.6, "n": 1379},
+    "sickr": {"spearman": 69.4, "pearson": 70.3, "n": 4927},
+    "stsb_dev": {"spearman": 82.9, "pearson": 82.0, "n": 1500},
+    "mr": {"accuracy": 80.25, "n": 10662},
+    "avg": 76.5,
+    "avg_over": ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"],
+    "seconds": {"sts12": 1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def run(tiny_encoder, tmp_path_factory):
+    """A fake training run: output dir with training_args.bin and trainer_state.json, final/ checkpoint, export."""
+    from transformers import AutoTokenizer
+
+    from hf_mocose.export import export_to_sentence_transformers
+
+    out = tmp_path_factory.mktemp("run")
+    model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling="cls_dense", queue_size=8, queue_init_size=4,
+                                     max_seq_length=16)
+    with torch.no_grad():
+        model.online_pooler.weight.add_(0.05)
+    model.save_pretrained(out / "final")
+    AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(out / "final")
+    # training_args.bin is a pickled arguments object; a Namespace carries the same fields.
+    args = argparse.Namespace(ema_decay_start=0.75, ema_decay_end=0.95, fgsm_mode="previous", fgsm_epsilon=5e-9,
+                              fgsm_views="both", per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                              learning_rate=3e-5, num_train_epochs=1.0, seed=42)
+    torch.save(args, out / "training_args.bin")
+    state = {"global_step": 120, "max_steps": 120, "log_history": [{"loss": 1.0}, {"train_runtime": 3723.4}]}
+    (out / "trainer_state.json").write_text(json.dumps(state))
+    (out / "eval.json").write_text(json.dumps(EVAL))
+    export = export_to_sentence_transformers(out / "final", out / "st", write_card=False)
+    return out, export, model
+
+
+def test_card_renders_parses_and_carries_results(run):
+    out, export, _ = run
+    path = write_model_card(export, checkpoint=out / "final", eval_results=out / "eval.json", repo_id="alice/mocose-tiny",
+                            base_model="bert-base-uncased", datasets=["princeton-nlp/datasets-for-simcse"])
+    card = ModelCard.load(path)
+    data = card.data
+    assert data.library_name == "sentence-transformers" and data.pipeline_tag == "sentence-similarity"
+    assert {"sentence-transformers", "sentence-similarity", "feature-extraction", "mocose"} <= set(data.tags)
+    assert data.base_model == "bert-base-uncased" and data.datasets == ["princeton-nlp/datasets-for-simcse"]
+    assert data.language == "en" and data.license == "apache-2.0" and data.model_name == "mocose-tiny"
+    results = {(r.dataset_type, r.metric_type): r.metric_value for r in data.eval_results}
+    for task in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "stsb_dev"):
+        assert results[(task, "spearman")] == EVAL[task]["spearman"]
+        assert results[(task, "pearson")] == EVAL[task]["pearson"]
+    assert results[("sts-avg", "spearman")] == 76.5 and results[("mr", "accuracy")] == 80.25
+    text = card.text
+    assert 'SentenceTransformer("alice/mocose-tiny")' in text and 'snapshot_download("alice/mocose-tiny")' in text
+    assert "| **Average (7 STS)** | **76.50** |" in text and "| MoCoSE paper, average | 77.27 |" in text
+    # Hyper-parameters from config.json and training_args.bin, run facts from trainer_state.json.
+    for row in ("| queue size K | 8 |", "| initial queue size K_s (random keys) | 4 |", "| temperature τ | 0.05 |",
+                "| EMA decay η at the last step (cosine ramp) | 0.95 |", "| FGSM epsilon | 5e-09 |",
+                "| FGSM mode | previous |", "| batch size per device | 4 |"):
+        assert row in text
+    assert "d_trace = 1/(1−η_end) + K/B = **22.00**" in text  # 1/(1-0.95) + 8/4
+    assert "**Optimizer steps:** 120 of 120" in text and "1h 02m 03s" in text
+    assert "Exploring the Impact of Negative Samples of Contrastive Learning" in text
+    assert "Libraries at export:" in text and "sentence-transformers" in text
+
+
+def test_partial_average_is_labelled_and_not_compared(run):
+    out, export, _ = run
+    partial = {"sts12": {"spearman": 70.0, "pearson": 69.0}, "stsb": {"spearman": 80.0, "pearson": 79.0},
+               "avg": 75.0, "avg_over": ["sts12", "stsb"]}
+    card = render_model_card(export, out / "final", partial, base_model="bert-base-uncased")
+    assert "| **Average over STS12, STS-B** | **75.00** |" in card.text
+    assert "MoCoSE paper" not in card.text
+    assert {r.dataset_type for r in card.data.eval_results} == {"sts12", "stsb", "sts-partial-avg"}
+
+
+@pytest.mark.parametrize("pooling", ["cls_dense", "mean"])
+def test_transformers_snippet_reproduces_sentence_transformers(run, tiny_encoder, tmp_path, pooling):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    from hf_mocose.export import export_to_sentence_transformers
+
+    model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling=pooling, queue_size=8, queue_init_size=4,
+                                     max_seq_length=16)
+    model.save_pretrained(tmp_path / "ckpt")
+    AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(tmp_path / "ckpt")
+    export = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st-export", verify=False)
+    text = (export / "README.md").read_text()
+    code = re.search(r"### transformers only.*?```python\n(.*?)```", text, re.S).group(1)
+    assert 'model_dir = "path/to/st-export"' in code
+    namespace = {}
+    exec(code.replace("path/to/st-export", str(export)), namespace)  # noqa: S102 - our own rendered snippet
+    want = SentenceTransformer(str(export), device="cpu").encode(namespace["sentences"], convert_to_tensor=True)
+    assert (namespace["embeddings"] - want.cpu()).abs().max().item() < 1e-5
+
+
+def test_card_without_results_or_training_run(run, tmp_path):
+    _, export, _ = run
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    config = json.loads((run[0] / "final" / "config.json").read_text())
+    config["method"] = "simcse"
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    card = render_model_card(export, checkpoint)
+    assert card.data.eval_results is None and card.data.base_model is None  # a local path is not a Hub id
+    assert "simcse" in card.data.tags
+    assert "No evaluation results were given" in card.text and "were not found next to the checkpoint" in card.text
+    assert "SimCSE: Simple Contrastive Learning" in card.text.replace("{", "").replace("}", "")
+    assert "Exploring the Impact of Negative Samples" in card.text
+
+
+def test_custom_template_and_missing_template(run, tmp_path):
+    out, export, _ = run
+    template = tmp_path / "mine.md.j2"
+    template.write_text("---\n{{ card_data }}\n---\n\n# Custom card for {{ title }}: {{ sentence_pooling }}\n")
+    card = render_model_card(export, out / "final", template=template)
+    assert card.text.strip() == "# Custom card for st: cls_dense" and card.data.library_name == "sentence-transformers"
+    with pytest.raises(FileNotFoundError, match="nope.md.j2"):
+        render_model_card(export, out / "final", template="nope.md.j2")
+    assert find_template() == Path(__file__).resolve().parents[1] / "model_cards" / "mocose.md.j2"
+
+
+def test_eval_results_inputs(tmp_path):
+    trainer_metrics = read_eval_results({"eval_stsb_spearman": 81.0, "eval_stsb_pearson": 80.0, "epoch": 1.0})
+    assert trainer_metrics["sts"] == {"stsb_dev": {"spearman": 81.0, "pearson": 80.0, "n": None}}
+    assert trainer_metrics["avg"] is None
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        read_eval_results(bad)
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        read_eval_results(tmp_path / "missing.json")
+
+
+def test_cli_export_writes_the_card(run, tmp_path, capsys):
+    out, _, _ = run
+    original = cli.COMMAND_MODULES
+    cli.COMMAND_MODULES = ("hf_mocose.publish_commands",)
+    try:
+        code = cli.main(["export", str(out / "final"), str(tmp_path / "exp"), "--eval_results", str(out / "eval.json"),
+                         "--repo_id", "alice/tiny", "--dataset", "princeton-nlp/datasets-for-simcse"])
+    finally:
+        cli.COMMAND_MODULES = original
+    assert code == 0, capsys.readouterr().err
+    card = ModelCard.load(tmp_path / "exp" / "README.md")
+    assert card.data.model_name == "tiny" and card.data.datasets == ["princeton-nlp/datasets-for-simcse"]
+    assert any(r.dataset_type == "stsb" and r.metric_value == 77.7 for r in card.data.eval_results)
