@@ -228,6 +228,8 @@ def load_encoder(
 
         return Encoder(path, kind, "sentence-transformers", st_encode, batch_size, show_progress)
 
+    if kind == "sentence-transformers":  # with a pooler: its transformer weights, read as a plain encoder
+        kind = "hf"
     tokenizer = AutoTokenizer.from_pretrained(path)
     if kind == "mocose":
         model = _import_mocose_model().from_pretrained(path).to(device, torch.float32).eval()
