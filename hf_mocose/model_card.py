@@ -114,7 +114,7 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     or "results", and the trainer's `eval_results.json` (`eval_stsb_spearman` -> STS-B dev).
     """
     if source is None:
-        return {"sts": {}, "transfer": {}, "avg": None}
+        return read_eval_results({})
     if isinstance(source, dict):
         raw = source
     else:
@@ -149,9 +149,19 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     avg = flat.get("avg", flat.get("sts_avg"))
     if isinstance(avg, dict):
         avg = avg.get("spearman")
+    # `avg_over` (hf-mocose evaluate) says which STS tasks the average covers; a partial average
+    # must not be labelled, or compared with the paper, as the 7-task one.
+    avg_over = flat.get("avg_over") or [t for t in STS_TASKS if t in sts]
     if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TASKS):
-        avg = sum(sts[t]["spearman"] for t in STS_TASKS) / len(STS_TASKS)
-    return {"sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None}
+        avg, avg_over = sum(sts[t]["spearman"] for t in STS_TASKS) / len(STS_TASKS), list(STS_TASKS)
+    complete = set(STS_TASKS) <= set(avg_over)
+    label = "Average (7 STS)" if complete else "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over)
+    transfer_avg = flat.get("transfer_avg")
+    return {
+        "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
+        "avg_complete": complete, "avg_label": label,
+        "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None,
+    }
 
 
 def _read_json(path: Path) -> dict | None:
@@ -283,7 +293,8 @@ def build_card_data(details, results, *, model_name, base_model, datasets, langu
     if results["avg"] is not None:
         evals.append(EvalResult(
             task_type="sentence-similarity", task_name="Semantic Textual Similarity",
-            dataset_type="sts-avg", dataset_name="STS12-16, STS-B, SICK-R average (SentEval)", dataset_split="test",
+            dataset_type="sts-avg" if results["avg_complete"] else "sts-partial-avg",
+            dataset_name=f"{results['avg_label']} (SentEval)", dataset_split="test",
             metric_type="spearman", metric_name="Average Spearman (cosine, x100)",
             metric_value=round(results["avg"], 2),
         ))
