@@ -219,7 +219,8 @@ def collect_training_details(
     model_rows = [(label, config[name]) for name, label in MODEL_FIELDS.items() if name in config]
     train = {name: getattr(training_args, name) for name in TRAINING_FIELDS if hasattr(training_args, name)}
     train_rows = [(TRAINING_FIELDS[name], value) for name, value in train.items()]
-    if global_batch_size is None and "per_device_train_batch_size" in train:
+    batch_assumed = global_batch_size is None
+    if batch_assumed and "per_device_train_batch_size" in train:
         # Processes are not recorded in the arguments file; publish_final_model passes the real value.
         global_batch_size = train["per_device_train_batch_size"] * train.get("gradient_accumulation_steps", 1)
     d_trace = None
@@ -239,6 +240,7 @@ def collect_training_details(
         "model_rows": model_rows,
         "train_rows": train_rows,
         "global_batch_size": global_batch_size,
+        "batch_assumed": batch_assumed,
         "d_trace": None if d_trace is None else ("∞ (η_end = 1)" if math.isinf(d_trace) else f"{d_trace:.2f}"),
         "global_step": state.get("global_step"),
         "max_steps": state.get("max_steps"),

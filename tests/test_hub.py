@@ -217,3 +217,53 @@ def test_push_refuses_a_folder_that_is_not_an_export(fake_hub, tmp_path):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         push_export(tmp_path / "does-not-exist", "alice/tiny-mocose")
     assert fake_hub.requests == []
+
+
+# ----------------------------------------------------------------------------- trainer integration
+def fake_trainer(output_dir: Path, strategy: str = "end", **args):
+    """The attributes of a MoCoSETrainer that the publishing hooks read."""
+    from types import SimpleNamespace
+
+    arguments = SimpleNamespace(output_dir=str(output_dir), push_to_hub=True, hub_model_id="alice/run",
+                                hub_strategy=strategy, hub_revision=None, hub_private_repo=None, hub_token=None,
+                                world_size=2, **args)
+    state = SimpleNamespace(global_step=10, log_history=[{"loss": 1.0}, {"train_runtime": 65.0}])
+    return SimpleNamespace(args=arguments, state=state, hub_model_id="alice/run", global_batch_size=16,
+                           is_world_process_zero=lambda: True)
+
+
+def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(fake_hub, export_dir):
+    from hf_mocose.hub import publish_final_model
+
+    run_dir = export_dir.parent
+    trainer = fake_trainer(run_dir, ema_decay_end=0.95, per_device_train_batch_size=8)
+    exported = publish_final_model(trainer, run_dir / "ckpt", corpus="wiki1m")
+    assert exported == run_dir / "sentence-transformers"
+    repo = fake_hub.files[("alice/run", "main")]
+    root = {k: v for k, v in repo.items() if "/" not in k or k.split("/")[0] in ("1_Pooling", "2_Dense")}
+    assert root == snapshot(exported)
+    assert json.loads(repo["config.json"])["model_type"] == "bert"
+    assert json.loads(repo["mocose/config.json"])["model_type"] == "mocose"
+    card = repo["README.md"].decode()
+    assert "(B = 16 sentences per optimizer step)" in card and "**Hardware:** 2 x CPU processes" in card
+    assert "**Wall time:** 1m 05s" in card and 'SentenceTransformer("alice/run")' in card
+    assert TOKEN not in card
+
+
+@pytest.mark.parametrize("strategy, folder", [("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-10"),
+                                              ("every_save", "mocose"), ("end", None)])
+def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, strategy, folder):
+    from hf_mocose.hub import push_training_checkpoint
+
+    checkpoint = tmp_path / "checkpoint-10"
+    checkpoint.mkdir()
+    for name in ("config.json", "model.safetensors", "optimizer.pt", "trainer_state.json"):
+        (checkpoint / name).write_bytes(name.encode())
+    job = push_training_checkpoint(fake_trainer(tmp_path, strategy), checkpoint)
+    if folder is None:
+        assert job is None and fake_hub.requests == []
+        return
+    job.result()
+    uploaded = set(fake_hub.files[("alice/run", "main")])
+    expected = {"config.json", "model.safetensors"} | ({"optimizer.pt", "trainer_state.json"} if folder != "mocose" else set())
+    assert uploaded == {f"{folder}/{name}" for name in expected}
