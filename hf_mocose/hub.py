@@ -120,8 +120,11 @@ def upload_to_hub(
         raise HubPushError(
             _scrub(f"Upload of {str(folder)!r} to {repo_id!r} failed{hint}: {err}. The local folder was not changed.", token)
         ) from None
-    except (OSError, ValueError) as err:  # connection refused, malformed server answers
-        raise HubPushError(_scrub(f"Upload of {str(folder)!r} to {repo_id!r} failed: {err}", token)) from None
+    except Exception as err:  # connection refused, timeouts, malformed server answers (httpx errors are no OSError)
+        raise HubPushError(
+            _scrub(f"Upload of {str(folder)!r} to {repo_id!r} failed: {type(err).__name__}: {err}. "
+                   "The local folder was not changed.", token)
+        ) from None
 
 
 def push_export(

@@ -267,3 +267,14 @@ def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, str
     uploaded = set(fake_hub.files[("alice/run", "main")])
     expected = {"config.json", "model.safetensors"} | ({"optimizer.pt", "trainer_state.json"} if folder != "mocose" else set())
     assert uploaded == {f"{folder}/{name}" for name in expected}
+
+
+def test_unreachable_hub_is_a_clear_error(fake_hub, export_dir, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(HubPushError, match="failed: .*Connect"):
+        push_export(export_dir, "alice/tiny-mocose")
