@@ -150,19 +150,31 @@ def _avg_cell(results: dict, key: str, over_key: str, total: int) -> str:
 
 
 def markdown_table(results: dict, label: str = "model") -> str:
-    """Markdown tables in the papers' column order: STS (Spearman x100) and, if any ran, transfer (accuracy)."""
-    lines = []
-    header = ["Model", *(DISPLAY_NAMES[t] for t in STS_TEST_TASKS), "Avg."]
-    cells = [label, *(_cell(results.get(t, {}).get("spearman")) for t in STS_TEST_TASKS)]
-    cells.append(_avg_cell(results, "avg", "avg_over", len(STS_TEST_TASKS)))
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), "| " + " | ".join(cells) + " |"]
-    extras = [t for t in STS_TASKS if t not in STS_TEST_TASKS and t in results]
+    """Markdown tables for one model; see `markdown_tables`."""
+    return markdown_tables({label: results})
+
+
+def markdown_tables(rows: dict[str, dict]) -> str:
+    """Markdown tables, one row per model (``{label: results}``), in the papers' column order:
+    STS test sets (Spearman x100), other STS sets that ran, and transfer accuracies if any ran."""
+
+    def table(header: list[str], body: list[list[str]]) -> list[str]:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return out + ["| " + " | ".join(cells) + " |" for cells in body]
+
+    body = []
+    for label, results in rows.items():
+        cells = [label, *(_cell(results.get(t, {}).get("spearman")) for t in STS_TEST_TASKS)]
+        body.append(cells + [_avg_cell(results, "avg", "avg_over", len(STS_TEST_TASKS))])
+    lines = table(["Model", *(DISPLAY_NAMES[t] for t in STS_TEST_TASKS), "Avg."], body)
+    extras = [t for t in STS_TASKS if t not in STS_TEST_TASKS and any(t in r for r in rows.values())]
     if extras:
-        lines += ["", "| Model | " + " | ".join(DISPLAY_NAMES[t] for t in extras) + " |", "|" + "---|" * (len(extras) + 1)]
-        lines.append(f"| {label} | " + " | ".join(_cell(results[t]["spearman"]) for t in extras) + " |")
-    if any(t in results for t in TRANSFER_TASKS):
-        header = ["Model", *(DISPLAY_NAMES[t] for t in TRANSFER_TASKS), "Avg."]
-        cells = [label, *(_cell(results.get(t, {}).get("accuracy")) for t in TRANSFER_TASKS)]
-        cells.append(_avg_cell(results, "transfer_avg", "transfer_avg_over", len(TRANSFER_TASKS)))
-        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), "| " + " | ".join(cells) + " |"]
+        body = [[label, *(_cell(r.get(t, {}).get("spearman")) for t in extras)] for label, r in rows.items()]
+        lines += [""] + table(["Model", *(DISPLAY_NAMES[t] for t in extras)], body)
+    if any(t in r for r in rows.values() for t in TRANSFER_TASKS):
+        body = []
+        for label, results in rows.items():
+            cells = [label, *(_cell(results.get(t, {}).get("accuracy")) for t in TRANSFER_TASKS)]
+            body.append(cells + [_avg_cell(results, "transfer_avg", "transfer_avg_over", len(TRANSFER_TASKS))])
+        lines += [""] + table(["Model", *(DISPLAY_NAMES[t] for t in TRANSFER_TASKS), "Avg."], body)
     return "\n".join(lines)
