@@ -218,6 +218,7 @@ def collect_training_details(
     state = state or {}
     model_rows = [(label, config[name]) for name, label in MODEL_FIELDS.items() if name in config]
     train = {name: getattr(training_args, name) for name in TRAINING_FIELDS if hasattr(training_args, name)}
+    train = {name: getattr(value, "value", value) for name, value in train.items()}  # enums -> "linear"
     train_rows = [(TRAINING_FIELDS[name], value) for name, value in train.items()]
     batch_assumed = global_batch_size is None
     if batch_assumed and "per_device_train_batch_size" in train:
@@ -363,7 +364,8 @@ def render_model_card(
         title=title,
         model_id=model_id,
         is_repo=bool(repo_id),
-        base_model=base_model if base_for_paper else (base_model and Path(base_model).name),
+        base_model=base_for_paper,  # a local folder name would mean nothing to readers
+        method_name={"mocose": "MoCoSE", "simcse": "SimCSE"}.get(details["method"], details["method"]),
         sentence_pooling=pooling,
         max_seq_length=next((v for k, v in details["model_rows"] if k == "max sequence length"), None),
         embedding_dim=encoder_config.get("hidden_size") or encoder_config.get("dim"),
