@@ -215,6 +215,7 @@ def publish_final_model(
     corpus: str | None = None,
     datasets: list[str] | tuple[str, ...] = (),
     push: bool | None = None,
+    **card_kwargs,
 ) -> Path | None:
     """End-of-training publishing: export, card and (with `push_to_hub`) upload.
 
@@ -222,7 +223,8 @@ def publish_final_model(
     `<output_dir>/sentence-transformers`), writes the card with the live run's facts (global
     batch size, hardware, wall time, hyper-parameters) and, when `args.push_to_hub` (or `push`),
     uploads the export to the repo root and `final_dir` to `mocose/`. Runs on the main process
-    only; returns the export folder there, None elsewhere.
+    only; returns the export folder there, None elsewhere. `card_kwargs` go to `write_model_card`
+    (e.g. `base_model="sentence-transformers/all-MiniLM-L6-v2"` when training started from a local copy).
     """
     from .export import export_to_sentence_transformers
 
@@ -238,7 +240,7 @@ def publish_final_model(
     export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, eval_results=eval_results, repo_id=repo_id, corpus=corpus,
         datasets=datasets, training_args=args, global_batch_size=getattr(trainer, "global_batch_size", None),
-        train_runtime=runtime, hardware=describe_hardware(args),
+        train_runtime=runtime, hardware=describe_hardware(args), **card_kwargs,
     )
     if push:
         upload_to_hub(final_dir, repo_id, path_in_repo=MOCOSE_SUBFOLDER, revision=args.hub_revision,
