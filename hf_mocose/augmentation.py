@@ -58,8 +58,8 @@ class FGSMPerturbation:
             if not self._warned_shape:
                 logger.warning(
                     "fgsm_mode='previous' skipped a batch: its word embeddings have shape %s but the previous "
-                    "gradient has shape %s. Pad to a fixed length (pad_to_max_length) to perturb every step; "
-                    "this is said once.",
+                    "gradient has shape %s (a shorter batch, e.g. the last of an epoch, or unpadded lengths). "
+                    "Set dataloader_drop_last and pad_to_max_length to perturb every step; this is said once.",
                     tuple(word_embeddings_shape),
                     tuple(self.last_gradient_sign.shape),
                 )

