@@ -13,6 +13,7 @@ import sys
 # module path -> what it adds; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
     "hf_mocose.evaluation.commands",  # evaluate, diagnose
+    "hf_mocose.publish_commands",  # export, push
 )
 
 

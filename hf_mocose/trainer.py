@@ -204,7 +204,23 @@ class MoCoSETrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    # ----------------------------------------------------------------- checkpoints
+    # ----------------------------------------------------------------- checkpoints and the Hub
+    def _push_from_checkpoint(self, checkpoint_folder):
+        """Resumable checkpoints go to a sub-folder chosen by `hub_strategy`, never the repo root."""
+        from transformers.utils.hub import PushInProgress
+
+        from .hub import push_training_checkpoint
+
+        if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
+            return
+        job = push_training_checkpoint(self, checkpoint_folder)
+        if job is not None:
+            self.push_in_progress = PushInProgress([job])
+
+    def push_to_hub(self, *args, **kwargs):
+        """No-op: the repo root belongs to the sentence-transformers export (`hub.publish_final_model`)."""
+        return None
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.fgsm.mode == "previous":

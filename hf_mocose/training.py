@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 from .data import load_sentences, tokenize_sentences
+from .hub import publish_final_model
 from .modeling import MoCoSEModel
 from .trainer import MoCoSETrainer
 from .training_args import MoCoSETrainingArguments
@@ -50,6 +51,13 @@ class ScriptArguments:
     final_model_dir: str | None = field(
         default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
     )
+    export_sentence_transformers: bool = field(
+        default=True,
+        metadata={
+            "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card "
+            "(and upload it to the repo root with push_to_hub)."
+        },
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
@@ -74,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -140,6 +149,7 @@ def main(argv: list[str] | None = None) -> str:
 
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     trainer.save_model(final_dir)
+    metrics = None
     if stsb_dev is not None:
         metrics = trainer.evaluate()
         trainer.save_metrics("eval", metrics)
@@ -147,8 +157,17 @@ def main(argv: list[str] | None = None) -> str:
             print(f"STS-B dev Spearman: {metrics['eval_stsb_spearman']:.2f} (Pearson {metrics['eval_stsb_pearson']:.2f})")
     elif trainer.is_world_process_zero():
         print("No STS-B dev score: no stsb_dev_file was found (set stsb_dev_file to SentEval's sts-dev.csv).")
+    export_dir = None
+    if script_args.export_sentence_transformers:
+        card_kwargs = {"base_model": MINILM_HUB_ID} if script_args.model_name_or_path == BUILTIN_MINILM else {}
+        export_dir = publish_final_model(
+            trainer, final_dir, eval_results=metrics, corpus=script_args.train_file or script_args.dataset_name,
+            datasets=[script_args.dataset_name] if script_args.dataset_name else (), **card_kwargs,
+        )
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
+        if export_dir is not None:
+            print(f"Saved the sentence-transformers export (with its model card) to {export_dir}")
     return final_dir
 
 

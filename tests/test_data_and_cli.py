@@ -127,6 +127,13 @@ def test_main_end_to_end_tiny(tiny_encoder, tmp_path, capsys):
     assert int(model.queue.queue_fill) == 16
     assert (tmp_path / "checkpoint-2" / "model.safetensors").is_file()
     assert (tmp_path / "final" / "tokenizer.json").is_file()
+    # the end-of-training export: a sentence-transformers folder with its model card
+    export = tmp_path / "sentence-transformers"
+    assert f"Saved the sentence-transformers export (with its model card) to {export}" in out
+    assert (export / "modules.json").is_file() and (export / "README.md").is_file()
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(export)).encode(["a sentence"]).shape == (1, 32)
 
 
 def test_interrupted_run_resumes_from_last_checkpoint(tiny_encoder, tmp_path, monkeypatch):
