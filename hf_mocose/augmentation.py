@@ -80,3 +80,50 @@ class FGSMPerturbation:
 
     def load_state_dict(self, state: dict) -> None:
         self.last_gradient_sign = state.get("last_gradient_sign")
+
+
+class EmbeddingAugmentation:
+    """MoCoSE Table 5's augmentations on the online word embeddings, vectorised over the batch.
+
+    Args:
+        shuffle: permute the token positions of each sentence ([CLS] and padding stay put),
+            i.e. the same as shuffling position ids.
+        token_cutoff: rate of whole token vectors zeroed (never [CLS] or padding).
+        feature_cutoff: rate of embedding dimensions zeroed, the same dimensions for every token of a sentence.
+        generator: optional `torch.Generator` for reproducible draws.
+    """
+
+    def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None):
+        for name, rate in (("token_cutoff", token_cutoff), ("feature_cutoff", feature_cutoff)):
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate!r}.")
+        self.shuffle, self.token_cutoff, self.feature_cutoff = shuffle, token_cutoff, feature_cutoff
+        self.generator = generator
+
+    @property
+    def active(self) -> bool:
+        return self.shuffle or self.token_cutoff > 0 or self.feature_cutoff > 0
+
+    def _rand(self, *shape, device) -> torch.Tensor:
+        return torch.rand(*shape, generator=self.generator).to(device) if self.generator else torch.rand(*shape, device=device)
+
+    def __call__(self, embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`(B, L, H)` embeddings and `(B, L)` mask -> augmented `(B, L, H)` embeddings."""
+        batch, length, hidden = embeddings.shape
+        device = embeddings.device
+        movable = attention_mask.bool().clone()
+        movable[:, 0] = False  # [CLS] stays first: the sentence embedding is read there
+        if self.shuffle:
+            # Sort random keys; fixed tokens get keys that keep them in place (CLS -1, padding 2 + position).
+            positions = torch.arange(length, device=device).expand(batch, length)
+            keys = torch.where(movable, self._rand(batch, length, device=device), 2.0 + positions)
+            keys[:, 0] = -1.0
+            order = keys.argsort(dim=1)
+            embeddings = embeddings.gather(1, order[..., None].expand(-1, -1, hidden))
+        if self.token_cutoff > 0:
+            drop = (self._rand(batch, length, device=device) < self.token_cutoff) & movable
+            embeddings = embeddings.masked_fill(drop[..., None], 0.0)
+        if self.feature_cutoff > 0:
+            drop = self._rand(batch, 1, hidden, device=device) < self.feature_cutoff
+            embeddings = embeddings.masked_fill(drop, 0.0)
+        return embeddings

@@ -12,6 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 
+
 def validate_ema_decay(start: float, end: float) -> None:
     for name, value in (("ema_decay_start", start), ("ema_decay_end", end)):
         if not 0.0 <= value <= 1.0:
@@ -28,12 +29,6 @@ def ema_decay_at(step: int, total_steps: int, start: float, end: float) -> float
         return end
     t = min(max(step, 0), total_steps)
     return end - (end - start) * (math.cos(math.pi * t / total_steps) + 1) / 2
-
-
-def max_traceable_distance(decay: float, queue_size: int, global_batch_size: int) -> float:
-    r"""MoCoSE's maximum traceable distance :math:`d_{trace} = 1/(1-\eta) + K/B` (inf for eta = 1)."""
-    smoothing = math.inf if decay >= 1.0 else 1.0 / (1.0 - decay)
-    return smoothing + queue_size / global_batch_size
 
 
 class EMATargetCallback(TrainerCallback):

@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = (
     "hf_mocose.evaluation.commands",  # evaluate, diagnose
     "hf_mocose.publish_commands",  # export, push
+    "hf_mocose.mtd",  # mtd
 )
 
 

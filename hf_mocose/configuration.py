@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .pooling import check_sentence_pooling
 
-METHODS = ("mocose", "simcse")
+METHODS = ("mocose", "simcse", "ifcl")
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (
@@ -47,7 +47,7 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     if not temperature > 0:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
     queue_size, init_size = values.get("queue_size", 512), values.get("queue_init_size", 128)
-    if method == "mocose":
+    if method in ("mocose", "ifcl"):
         if queue_size < 1:
             raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
         if not 0 <= init_size <= queue_size:
@@ -78,7 +78,9 @@ class MoCoSEConfig(PretrainedConfig):
             Configuration of the wrapped encoder (any `AutoModel` encoder: BERT, RoBERTa, DistilBERT, MiniLM...).
         method (`str`, defaults to `"mocose"`):
             `"mocose"`: online branch vs EMA target branch with a negative queue. `"simcse"`: two dropout
-            views of the online encoder, in-batch negatives, no target, no queue, no predictor.
+            views of the online encoder, in-batch negatives, no target, no queue, no predictor. `"ifcl"`:
+            SimCSE's two views plus a "hippocampus" queue of past online anchors weighted by forgetting
+            coefficients (no target, no predictor).
         sentence_pooling (`str`, defaults to `"cls"`):
             Sentence embedding used for evaluation and export: `"cls"` (last-layer [CLS] state before the
             pooler Linear, what the paper evaluates), `"cls_dense"` (after it) or `"mean"`.
@@ -155,5 +157,10 @@ class MoCoSEConfig(PretrainedConfig):
 
     @property
     def uses_target(self) -> bool:
-        """Whether this method has an EMA target branch and a key queue."""
+        """Whether this method has an EMA target branch (and a predictor on the online one)."""
         return self.method == "mocose"
+
+    @property
+    def uses_queue(self) -> bool:
+        """Whether this method keeps a queue of past keys (MoCoSE) or anchors (IFCL) as negatives."""
+        return self.method in ("mocose", "ifcl")

@@ -226,7 +226,7 @@ def collect_training_details(
         global_batch_size = train["per_device_train_batch_size"] * train.get("gradient_accumulation_steps", 1)
     d_trace = None
     if config.get("method", "mocose") == "mocose" and "ema_decay_end" in train and global_batch_size:
-        from .callbacks import max_traceable_distance
+        from .mtd import max_traceable_distance
 
         d_trace = max_traceable_distance(train["ema_decay_end"], config.get("queue_size", 512), global_batch_size)
     for entry in reversed(state.get("log_history", [])):

@@ -14,6 +14,7 @@ weights are persistent state, so `save_pretrained` / `from_pretrained` restore a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,14 +92,16 @@ class MoCoSEOutput(ModelOutput):
     Attributes:
         query: `(B, D)` online branch output (after the predictor), with gradient.
         key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with
-            gradient) for "simcse".
-        word_embeddings: `(B, L, H)` the online word embeddings the encoder received (with any
-            perturbation added); FGSM reads its gradient.
+            gradient) for "simcse" and "ifcl".
+        word_embeddings: `(B, L, H)` the online word embeddings (FGSM perturbation added, before the
+            other embedding augmentations); FGSM reads its gradient.
+        negative_keys: `(U, D)` hard negatives (e.g. UNA) passed through the key branch, or None.
     """
 
     query: torch.Tensor | None = None
     key: torch.Tensor | None = None
     word_embeddings: torch.Tensor | None = None
+    negative_keys: torch.Tensor | None = None
 
 
 class MoCoSEModel(PreTrainedModel):
@@ -129,6 +132,7 @@ class MoCoSEModel(PreTrainedModel):
             self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
             self.target_pooler = nn.Linear(hidden, hidden)
             self.target_projection = build_projection(hidden, config.projection_layers, dropout)
+        if config.uses_queue:
             self.queue = KeyQueue(config.queue_size, hidden, config.queue_init_size)
         self.post_init()
         if config.uses_target:
@@ -250,8 +254,12 @@ class MoCoSEModel(PreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         embedding_perturbation: torch.Tensor | None = None,
         perturb_target: bool = True,
+        online_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        negative_input_ids: torch.Tensor | None = None,
+        negative_attention_mask: torch.Tensor | None = None,
+        negative_token_type_ids: torch.Tensor | None = None,
     ) -> MoCoSEOutput:
-        """Runs both views of a batch.
+        """Runs both views of a batch (and its hard negatives, if any).
 
         Args:
             input_ids: `(B, L)` token ids.
@@ -259,26 +267,50 @@ class MoCoSEModel(PreTrainedModel):
             token_type_ids: `(B, L)`, for encoders that use them.
             embedding_perturbation: `(B, L, H)` added to the online word embeddings (FGSM), or None.
             perturb_target: whether the target branch sees the perturbed embeddings too.
+            online_augmentation: `f(embeddings (B, L, H), attention_mask (B, L)) -> (B, L, H)` applied to the
+                online view's word embeddings (token shuffle / cutoff); the target sees them without it.
+            negative_input_ids, negative_attention_mask, negative_token_type_ids: `(U, L')` hard negatives,
+                encoded like keys: by the target branch for "mocose", by the online branch otherwise.
 
         Returns:
-            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)` and `word_embeddings` `(B, L, H)`.
+            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)` and
+            `negative_keys` `(U, D)` or None.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        clean = self.online_encoder.get_input_embeddings()(input_ids)
+        embed_tokens = self.online_encoder.get_input_embeddings()
+        clean = embed_tokens(input_ids)
         word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
-        cls_state = self._encode_cls(self.online_encoder, word_embeddings, attention_mask, token_type_ids)
-        query = self.online_projection(self.online_pooler(cls_state))
-        if not self.config.uses_target:  # SimCSE: a second dropout view of the same branch
-            second = self._encode_cls(self.online_encoder, word_embeddings, attention_mask, token_type_ids)
-            key = self.online_projection(self.online_pooler(second))
-            return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings)
+
+        def view(embeddings):
+            return embeddings if online_augmentation is None else online_augmentation(embeddings, attention_mask)
+
+        query = self._online_head(self._encode_cls(self.online_encoder, view(word_embeddings), attention_mask, token_type_ids))
+        negatives = None
+        if not self.config.uses_target:  # SimCSE / IFCL: a second dropout view of the same branch
+            key = self._online_head(self._encode_cls(self.online_encoder, view(word_embeddings), attention_mask, token_type_ids))
+            if negative_input_ids is not None:
+                negatives = self._online_head(
+                    self._encode_cls(self.online_encoder, embed_tokens(negative_input_ids), negative_attention_mask,
+                                     negative_token_type_ids)
+                )
+            return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
         query = self.predictor(query)
         with torch.no_grad():
             target_input = (word_embeddings if perturb_target else clean).detach()
-            target_cls = self._encode_cls(self.target_encoder, target_input, attention_mask, token_type_ids)
-            key = self.target_projection(self.target_pooler(target_cls))
-        return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings)
+            key = self._target_head(self._encode_cls(self.target_encoder, target_input, attention_mask, token_type_ids))
+            if negative_input_ids is not None:
+                negatives = self._target_head(
+                    self._encode_cls(self.target_encoder, embed_tokens(negative_input_ids), negative_attention_mask,
+                                     negative_token_type_ids)
+                )
+        return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+
+    def _online_head(self, cls_state: torch.Tensor) -> torch.Tensor:
+        return self.online_projection(self.online_pooler(cls_state))
+
+    def _target_head(self, cls_state: torch.Tensor) -> torch.Tensor:
+        return self.target_projection(self.target_pooler(cls_state))
 
     def embed(
         self,

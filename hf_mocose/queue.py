@@ -76,6 +76,37 @@ class KeyQueue(nn.Module):
         """`(K,)` bool: which slots hold a key."""
         return self.ages() < self.capacity
 
+    def negative_weights(
+        self,
+        age_slices: list[tuple[int, int]] | None = None,
+        newest: int | None = None,
+        forgetting: float | None = None,
+        entries_per_batch: int | None = None,
+    ) -> torch.Tensor:
+        """`(K,)` float weights of the slots as negatives: 0 drops a slot, 1 keeps it.
+
+        Args:
+            age_slices: keep only slots whose age lies in one of the half-open ranges `[start, end)`
+                (0 = newest), e.g. `[(0, 256), (768, 1024)]` for "all but 256-768".
+            newest: keep only the `newest` youngest slots (MTD-targeted training's active window).
+            forgetting: IFCL's lambda: the entry of age a (m = a + 1, newest first) gets weight
+                `1 - lambda * ceil(m / entries_per_batch)`.
+            entries_per_batch: N, keys enqueued per step (IFCL's mini-batch), needed with `forgetting`.
+        """
+        ages = self.ages()
+        weights = (ages < self.capacity).float()
+        if age_slices:
+            selected = torch.zeros_like(ages, dtype=torch.bool)
+            for start, end in age_slices:
+                selected |= (ages >= start) & (ages < end)
+            weights = weights * selected
+        if newest is not None:
+            weights = weights * (ages < newest)
+        if forgetting:
+            batches_back = torch.div(ages, entries_per_batch, rounding_mode="floor") + 1  # ceil((a + 1) / N)
+            weights = weights * (1.0 - forgetting * batches_back).clamp(min=0.0)
+        return weights
+
     def newest_first(self) -> torch.Tensor:
         """`(queue_fill, D)`: the valid keys ordered by age, newest first (syncs; for inspection/tests)."""
         order = torch.argsort(self.ages())

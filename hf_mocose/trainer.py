@@ -1,16 +1,20 @@
 """`MoCoSETrainer`: a `Trainer` that computes the contrastive loss, feeds the queue and scores STS-B dev.
 
 The training loop is `transformers.Trainer`'s own. This class overrides only:
-  - `compute_loss`: FGSM views, forward, gathered keys, InfoNCE (one loss for every method);
+  - `compute_loss`: views (FGSM, embedding augmentations), forward, gathered keys, InfoNCE;
   - `training_step`: after the backward, enqueue the step's keys (the loss must not see its own keys);
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - `evaluate`: STS-B dev Spearman (`eval_stsb_spearman`) so `load_best_model_at_end` works;
-  - `_save_checkpoint` / `_load_from_checkpoint`: carry FGSM's "previous" gradient so resuming is exact.
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume) and keep the Hub repo root
+    for the sentence-transformers export.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
+Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
+`_contrastive_loss`; they differ only in configuration.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -18,15 +22,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from datasets import Dataset
-from transformers import DataCollatorWithPadding, Trainer
+from torch.nn import functional as F
+from transformers import Trainer
 
-from .augmentation import FGSMPerturbation
-from .callbacks import EMATargetCallback, max_traceable_distance
+from .augmentation import EmbeddingAugmentation, FGSMPerturbation
+from .callbacks import EMATargetCallback, ema_decay_at
+from .collator import ContrastiveCollator
 from .losses import ContrastiveLossOutput, info_nce_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
+from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
+NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
 
 def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
@@ -48,110 +56,159 @@ def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
     )
 
 
+def mean_pairwise_cosine(vectors: torch.Tensor) -> torch.Tensor:
+    """Mean cosine between distinct rows of `(N, D)`: near 1 when the representation collapses."""
+    n = vectors.shape[0]
+    if n < 2:
+        return torch.zeros((), device=vectors.device)
+    unit = F.normalize(vectors.detach().float(), dim=1)
+    total = unit.sum(0)
+    return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
+
+
 class MoCoSETrainer(Trainer):
     """Trains a [`MoCoSEModel`] with [`MoCoSETrainingArguments`].
 
     Args:
         model: a `MoCoSEModel`.
         args: `MoCoSETrainingArguments`.
-        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...), one example per sentence.
+        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text` for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
-        processing_class: the tokenizer (also used to encode the STS sentences).
+        processing_class: the tokenizer (also used to encode the STS sentences and hard negatives).
         **kwargs: passed to `Trainer`.
     """
 
-    def __init__(
-        self,
-        model: MoCoSEModel,
-        args: MoCoSETrainingArguments,
-        train_dataset: Dataset | None = None,
-        eval_dataset: Dataset | None = None,
-        processing_class=None,
-        data_collator=None,
-        **kwargs,
-    ):
+    def __init__(self, model: MoCoSEModel, args: MoCoSETrainingArguments, train_dataset: Dataset | None = None,
+                 eval_dataset: Dataset | None = None, processing_class=None, data_collator=None, **kwargs):
         if not isinstance(model, MoCoSEModel):
             raise TypeError(f"MoCoSETrainer trains a MoCoSEModel, got {type(model).__name__}.")
+        config = model.config
+        una = self._build_una(args, train_dataset) if args.hard_negatives == "una" else None
         if data_collator is None and processing_class is not None:
-            data_collator = DataCollatorWithPadding(
-                processing_class,
-                padding="max_length" if args.pad_to_max_length else "longest",
-                max_length=model.config.max_seq_length if args.pad_to_max_length else None,
-            )
+            data_collator = ContrastiveCollator(processing_class, config.max_seq_length, args.pad_to_max_length,
+                                                una_augmenter=una, seed=args.seed)
         if eval_dataset is None and args.stsb_dev_file and args.eval_strategy != "no":
             eval_dataset = stsb_dev_dataset(args.stsb_dev_file)
-        super().__init__(
-            model=model,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            data_collator=data_collator,
-            **kwargs,
-        )
-        self.fgsm = FGSMPerturbation(args.fgsm_mode, args.fgsm_epsilon, args.fgsm_views)
-        if model.config.method != "mocose" and args.fgsm_mode != "off":
-            self.fgsm.mode = "off"  # FGSM is part of MoCoSE's augmentation only
+        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         processing_class=processing_class, data_collator=data_collator, **kwargs)
+        self._check_queue_settings(config)
+        self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views)
+        augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff)
+        self.embedding_augmentation = augmentation if augmentation.active else None
         self.ema_callback = None
-        if model.config.uses_target:
+        if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end)
             self.add_callback(self.ema_callback)
         self._pending_keys: torch.Tensor | None = None
         self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
         self._metric_steps = 0
 
+    @staticmethod
+    def _build_una(args: MoCoSETrainingArguments, train_dataset: Dataset | None):
+        from .una import UNAAugmenter, UNAStatistics
+
+        if train_dataset is None or "text" not in train_dataset.column_names:
+            raise ValueError("hard_negatives='una' needs the training sentences: keep a `text` column in train_dataset.")
+        statistics = UNAStatistics.from_corpus(train_dataset["text"], cache_dir=Path(args.output_dir) / "una_statistics")
+        return UNAAugmenter(statistics, alpha=args.una_alpha, window=args.una_window_value, seed=args.seed)
+
+    def _check_queue_settings(self, config) -> None:
+        """Settings that depend on the world size, checked before any step."""
+        args = self.args
+        if args.target_mtd is not None:
+            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size,
+                                   args.ema_decay_start, args.ema_decay_end)
+        if config.method == "ifcl" and args.ifcl_forgetting:
+            batches = math.ceil(config.queue_size / self.keys_per_enqueue)
+            if args.ifcl_forgetting * batches >= 1:
+                raise ValueError(
+                    f"ifcl_forgetting (lambda) x queued batches (k = ceil(queue_size / batch) = {batches}) must be < 1 "
+                    f"so every forgetting coefficient stays positive; got lambda={args.ifcl_forgetting}."
+                )
+
     # ----------------------------------------------------------------- loss
     @property
     def global_batch_size(self) -> int:
         """Sentences per optimizer step over all processes (B in d_trace = 1/(1-eta) + K/B)."""
-        args = self.args
-        return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+        return self.keys_per_enqueue * self.args.gradient_accumulation_steps
+
+    @property
+    def keys_per_enqueue(self) -> int:
+        """Keys enqueued per micro-batch: the batch of every process."""
+        return self.args.per_device_train_batch_size * self.args.world_size
+
+    def current_decay(self) -> float:
+        return ema_decay_at(self.state.global_step, self.state.max_steps, self.args.ema_decay_start, self.args.ema_decay_end)
+
+    def queue_window(self) -> int | None:
+        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit)."""
+        if self.args.target_mtd is None:
+            return None
+        return active_queue_window(self.args.target_mtd, self.current_decay(), self.global_batch_size,
+                                   self.accelerator.unwrap_model(self.model).config.queue_size)
 
     def _contrastive_loss(self, model: MoCoSEModel, outputs: MoCoSEOutput) -> tuple[ContrastiveLossOutput, torch.Tensor]:
         """InfoNCE for one forward; returns the loss output and the gathered keys `(B_global, D)`."""
-        config = model.config
+        config, args = model.config, self.args
         local = outputs.key.shape[0]
-        rank = self.accelerator.process_index
         if config.uses_target:
             keys = self.accelerator.gather(outputs.key.detach().contiguous())  # no gradient: keys are targets
         else:
-            keys = gather_with_grad(outputs.key.contiguous())  # SimCSE: both views carry gradient
+            keys = gather_with_grad(outputs.key.contiguous())  # both views carry gradient
+        positive_index, candidates = None, outputs.key.detach()
         if config.in_batch_negatives:
-            positive_index = torch.arange(local, device=keys.device) + rank * local
+            positive_index = torch.arange(local, device=keys.device) + self.accelerator.process_index * local
             candidates = keys
-        else:
-            positive_index, candidates = None, outputs.key.detach()
-        queue = model.queue if config.uses_target else None
+        negatives, weights = [], []
+        if config.uses_queue:
+            negatives.append(model.queue.keys)
+            weights.append(model.queue.negative_weights(
+                age_slices=args.queue_age_slices, newest=self.queue_window(),
+                forgetting=args.ifcl_forgetting if config.method == "ifcl" else None,
+                entries_per_batch=self.keys_per_enqueue,
+            ))
+        if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
+            hard = outputs.negative_keys
+            hard = self.accelerator.gather(hard.contiguous()) if config.uses_target else gather_with_grad(hard.contiguous())
+            negatives.append(hard)
+            weights.append(torch.ones(hard.shape[0], device=hard.device))
         result = info_nce_loss(
-            outputs.query,
-            candidates,
-            config.contrastive_temperature,
-            positive_index=positive_index,
-            extra_negatives=queue.keys if queue is not None else None,
-            extra_negative_weights=queue.valid_mask().float() if queue is not None else None,
+            outputs.query, candidates, config.contrastive_temperature, positive_index=positive_index,
+            extra_negatives=torch.cat(negatives) if negatives else None,
+            extra_negative_weights=torch.cat(weights) if weights else None,
         )
         return result, keys
 
+    def _use_hard_negatives(self) -> bool:
+        return self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         unwrapped = self.accelerator.unwrap_model(model)
+        hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
+        if model.training and self._use_hard_negatives():
+            inputs = {**inputs, **hard}
         perturbation = None
         if self.fgsm.mode == "exact":
             # Extra pass on the unwrapped module: autograd.grad reaches only the embeddings, so DDP's
             # gradient hooks never fire for it.
-            clean = unwrapped(**inputs)
+            clean = unwrapped(**inputs, online_augmentation=self.embedding_augmentation)
             clean_loss, _ = self._contrastive_loss(unwrapped, clean)
             (gradient,) = torch.autograd.grad(clean_loss.loss, clean.word_embeddings)
             perturbation = self.fgsm.step(gradient)
         elif self.fgsm.mode == "previous":
             ids = inputs["input_ids"]
             perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))
-        outputs = model(**inputs, embedding_perturbation=perturbation, perturb_target=self.fgsm.perturb_target)
+        outputs = model(**inputs, embedding_perturbation=perturbation, perturb_target=self.fgsm.perturb_target,
+                        online_augmentation=self.embedding_augmentation)
         if model.training:
             self.fgsm.track(outputs.word_embeddings)
         result, keys = self._contrastive_loss(unwrapped, outputs)
         if model.training:
-            self._pending_keys = keys if unwrapped.config.uses_target else None
-            self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine})
+            config = unwrapped.config
+            if config.uses_queue:  # MoCoSE queues target keys; IFCL's hippocampus queues online anchors
+                self._pending_keys = keys.detach() if config.uses_target else self.accelerator.gather(outputs.query.detach())
+            self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
+                              "key_cos": mean_pairwise_cosine(keys)})
         return (result.loss, outputs) if return_outputs else result.loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -174,12 +231,23 @@ class MoCoSETrainer(Trainer):
             self._metric_sums.clear()
             self._metric_steps = 0
             model = self.accelerator.unwrap_model(self.model)
+            if model.config.uses_queue:
+                logs["queue_fill"] = int(model.queue.queue_fill)
             if self.ema_callback is not None and self.ema_callback.last_decay is not None:
                 decay = self.ema_callback.last_decay
+                reach = self._queue_reach(model.config.queue_size)
                 logs["ema_decay"] = round(decay, 6)
-                logs["d_trace"] = round(max_traceable_distance(decay, model.config.queue_size, self.global_batch_size), 4)
-                logs["queue_fill"] = int(model.queue.queue_fill)
+                logs["d_trace"] = round(max_traceable_distance(decay, reach, self.global_batch_size), 4)
         super().log(logs, start_time)
+
+    def _queue_reach(self, capacity: int) -> int:
+        """K in d_trace: the age span of the queue entries in use."""
+        window = self.queue_window()
+        if window is not None:
+            return window
+        if self.args.queue_age_slices:
+            return min(max(end for _, end in self.args.queue_age_slices), capacity)
+        return capacity
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
@@ -191,20 +259,31 @@ class MoCoSETrainer(Trainer):
         if dataset is None:
             raise ValueError("No STS pairs to evaluate: pass eval_dataset or set stsb_dev_file.")
         model = self.accelerator.unwrap_model(self.model)
-        encode = lambda sentences: encode_with_model(  # noqa: E731
-            model, self.processing_class, list(sentences), batch_size=self.args.per_device_eval_batch_size,
-            max_length=model.config.max_seq_length,
-        )
+
+        def encode(sentences):
+            return encode_with_model(model, self.processing_class, list(sentences),
+                                     batch_size=self.args.per_device_eval_batch_size, max_length=model.config.max_seq_length)
+
         scores = sts_correlation(encode(dataset["sentence1"]), encode(dataset["sentence2"]), dataset["score"])
-        metrics = {
-            f"{metric_key_prefix}_stsb_spearman": scores["spearman"],
-            f"{metric_key_prefix}_stsb_pearson": scores["pearson"],
-        }
+        metrics = {f"{metric_key_prefix}_stsb_spearman": scores["spearman"],
+                   f"{metric_key_prefix}_stsb_pearson": scores["pearson"]}
         self.log(dict(metrics))  # log() adds "epoch" to the dict it gets
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
     # ----------------------------------------------------------------- checkpoints and the Hub
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.fgsm.mode == "previous":
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            torch.save(self.fgsm.state_dict(), folder / FGSM_STATE_NAME.format(rank=self.args.process_index))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
+        if self.fgsm.mode == "previous" and path.is_file():
+            self.fgsm.load_state_dict(torch.load(path, map_location=self.args.device))
+
     def _push_from_checkpoint(self, checkpoint_folder):
         """Resumable checkpoints go to a sub-folder chosen by `hub_strategy`, never the repo root."""
         from transformers.utils.hub import PushInProgress
@@ -220,15 +299,3 @@ class MoCoSETrainer(Trainer):
     def push_to_hub(self, *args, **kwargs):
         """No-op: the repo root belongs to the sentence-transformers export (`hub.publish_final_model`)."""
         return None
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.fgsm.mode == "previous":
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            torch.save(self.fgsm.state_dict(), folder / FGSM_STATE_NAME.format(rank=self.args.process_index))
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
-        if self.fgsm.mode == "previous" and path.is_file():
-            self.fgsm.load_state_dict(torch.load(path, map_location=self.args.device))

@@ -52,6 +52,21 @@ class MoCoSETrainingArguments(TrainingArguments):
     pad_to_max_length (`bool` or `None`, defaults to `None`): pad every batch to `max_seq_length`;
         None = only when `fgsm_mode="previous"` needs equal shapes.
 
+    > Parameters for ablations and the method family (see docs/methods.md)
+
+    queue_slice (`str` or `None`): queue entries used as negatives, by age (0 = newest): `"start:end"`,
+        several comma-separated (`"0:256,768:1024"`); a YAML list `[start, end]` or `[[s1, e1], [s2, e2]]` works too.
+    target_mtd (`float` or `None`): hold d_trace = 1/(1-eta) + K_active/B at this value by choosing the active
+        queue window each step.
+    token_shuffle (`bool`), token_cutoff (`float`), feature_cutoff (`float`): embedding-layer augmentations of
+        the online view (position shuffle, zeroed tokens, zeroed embedding dimensions).
+    ifcl_forgetting (`float`, defaults to `0.1`): IFCL's lambda; entry m of the hippocampus queue weighs
+        1 - lambda * ceil(m / N).
+    hard_negatives (`str` or `None`): `"una"` adds each anchor's TF-IDF hard negative every `una_frequency` steps.
+    una_alpha (`float`, defaults to `0.5`), una_window (`float`, defaults to `4000`), una_frequency (`int`,
+        defaults to `5`): UNA's replacement rate, sampling window (>= 1: ranks; in (0, 1): vocabulary fraction)
+        and step frequency.
+
     > Parameters that control evaluation
 
     stsb_dev_file (`str` or `None`): SentEval-layout `sts-dev.csv` scored during training as `eval_stsb_spearman`.
@@ -118,6 +133,27 @@ class MoCoSETrainingArguments(TrainingArguments):
         default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
     )
 
+    # --- Ablations and the method family ---
+    queue_slice: str | None = field(
+        default=None,
+        metadata={"help": "Negatives by queue age (0 = newest): 'start:end', comma-separated for a union."},
+    )
+    target_mtd: float | None = field(
+        default=None, metadata={"help": "Hold the maximum traceable distance at this value (MoCoSE only)."}
+    )
+    token_shuffle: bool = field(default=False, metadata={"help": "Shuffle token positions of the online view."})
+    token_cutoff: float = field(default=0.0, metadata={"help": "Rate of whole token embeddings zeroed, in [0, 1)."})
+    feature_cutoff: float = field(default=0.0, metadata={"help": "Rate of embedding dimensions zeroed, in [0, 1)."})
+    ifcl_forgetting: float = field(
+        default=0.1, metadata={"help": "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1)."}
+    )
+    hard_negatives: str | None = field(default=None, metadata={"help": "Hard negatives: 'una' (TF-IDF replacement)."})
+    una_alpha: float = field(default=0.5, metadata={"help": "UNA replacement-rate alpha > 0."})
+    una_window: float = field(
+        default=4000, metadata={"help": "UNA sampling window r: ranks if >= 1, a vocabulary fraction if in (0, 1)."}
+    )
+    una_frequency: int = field(default=5, metadata={"help": "Add UNA negatives every f-th optimizer step (f >= 1)."})
+
     # --- Evaluation ---
     stsb_dev_file: str | None = field(
         default=None, metadata={"help": "Path of a SentEval-layout STS-B `sts-dev.csv` scored during training."}
@@ -132,10 +168,68 @@ class MoCoSETrainingArguments(TrainingArguments):
         FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views)  # validates
         if self.method == "simcse" and not self.in_batch_negatives:
             raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
+        self._validate_family_settings()
         if self.pad_to_max_length is None:
             self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
         super().__post_init__()
 
+    def _validate_family_settings(self) -> None:
+        from .augmentation import EmbeddingAugmentation
+        from .una import validate_una_alpha, validate_una_frequency, validate_una_window
+
+        self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
+        EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff)  # validates the rates
+        if self.target_mtd is not None:
+            if self.method != "mocose":
+                raise ValueError(f"target_mtd needs method='mocose' (an EMA target), got method={self.method!r}.")
+            if self.queue_slice:
+                raise ValueError("target_mtd chooses the queue window itself: do not combine it with queue_slice.")
+        if not 0.0 <= self.ifcl_forgetting < 1.0:
+            raise ValueError(f"ifcl_forgetting (lambda) must be in [0, 1), got {self.ifcl_forgetting!r}.")
+        if self.hard_negatives not in (None, "una"):
+            raise ValueError(f"Unknown hard_negatives {self.hard_negatives!r}; the only kind is 'una'.")
+        validate_una_alpha(self.una_alpha)
+        validate_una_window(self.una_window_value)
+        validate_una_frequency(self.una_frequency)
+        if self.hard_negatives:
+            self.remove_unused_columns = False  # the collator needs each sentence's text
+
+    @property
+    def una_window_value(self) -> int | float:
+        """`una_window` as UNA takes it: an int rank radius, or a float vocabulary fraction."""
+        return int(self.una_window) if self.una_window >= 1 else float(self.una_window)
+
+    @property
+    def queue_age_slices(self) -> list[tuple[int, int]] | None:
+        """`queue_slice` as `[(start, end), ...]` age ranges, or None for the whole queue."""
+        return parse_queue_slices(self.queue_slice, self.queue_size)
+
     def model_config_kwargs(self) -> dict:
         """The `MoCoSEConfig` fields these arguments set, for building a fresh model."""
         return {name: getattr(self, name) for name in MODEL_CONFIG_FIELDS}
+
+
+def parse_queue_slices(value, queue_size: int) -> list[tuple[int, int]] | None:
+    """Parses `"0:256,768:1024"`, `[0, 256]` or `[[0, 256], [768, 1024]]` into checked `(start, end)` age ranges."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        try:
+            pairs = [tuple(int(x) for x in part.split(":")) for part in value.split(",")]
+        except ValueError:
+            raise ValueError(f"queue_slice {value!r} is not of the form 'start:end[,start:end...]'.") from None
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(x, int) for x in value):
+        pairs = [tuple(value)]
+    else:
+        pairs = [tuple(pair) for pair in value]
+    for pair in pairs:
+        if len(pair) != 2 or not 0 <= pair[0] < pair[1] <= queue_size:
+            raise ValueError(
+                f"queue_slice {value!r}: each slice must be start:end with 0 <= start < end <= queue_size={queue_size}, "
+                f"got {pair!r}."
+            )
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def format_queue_slices(slices: list[tuple[int, int]] | None) -> str | None:
+    return None if slices is None else ",".join(f"{a}:{b}" for a, b in slices)

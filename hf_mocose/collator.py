@@ -1,0 +1,48 @@
+"""Batching for contrastive training: padding, plus each anchor's hard negative (UNA) when asked for."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from transformers import DataCollatorWithPadding
+
+
+class ContrastiveCollator:
+    """Pads tokenised sentences; with a UNA augmenter, also tokenises each sentence's hard negative.
+
+    Features are dicts with `input_ids`, `attention_mask` (...), and `text` when hard negatives
+    are on. The negatives come out as `negative_input_ids`, `negative_attention_mask` (and
+    `negative_token_type_ids`) `(B, L)`. Their randomness is seeded by `seed` and the batch's
+    own text, so it is the same in every dataloader worker, after a resume, and on every rank.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        max_length: truncation length (`max_seq_length`).
+        pad_to_max_length: pad every batch to `max_length` (FGSM "previous" needs fixed shapes).
+        una_augmenter: a `hf_mocose.una.UNAAugmenter`, or None for no hard negatives.
+        seed: base seed of the hard-negative draws.
+    """
+
+    def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.padding = "max_length" if pad_to_max_length else "longest"
+        self.padder = DataCollatorWithPadding(
+            tokenizer, padding=self.padding, max_length=max_length if pad_to_max_length else None
+        )
+        self.una_augmenter, self.seed = una_augmenter, seed
+
+    def __call__(self, features: list[dict]) -> dict:
+        texts = [feature["text"] for feature in features] if "text" in features[0] else None
+        batch = self.padder([{k: v for k, v in feature.items() if k != "text"} for feature in features])
+        if self.una_augmenter is not None:
+            if texts is None:
+                raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")
+            rng = np.random.default_rng([self.seed, zlib.crc32("\n".join(texts).encode())])
+            negatives = self.tokenizer(
+                self.una_augmenter.augment(texts, rng=rng), truncation=True, max_length=self.max_length,
+                padding=self.padding, return_tensors="pt",
+            )
+            for name, tensor in negatives.items():
+                batch[f"negative_{name}"] = tensor
+        return batch
