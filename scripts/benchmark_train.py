@@ -261,11 +261,10 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
     return trainer, trainer.ema_callback
 
 
-def time_ema(ema_callback) -> list[float]:
+def time_ema(ema_callback, device: torch.device) -> list[float]:
     """Wraps `ema_callback.update` (an instance attribute, the class is untouched) to time each call."""
     times: list[float] = []
     original = ema_callback.update
-    device = ema_callback._target_params[0].device if ema_callback._target_params else torch.device("cpu")
 
     def timed(decay):
         _sync(device)
@@ -300,7 +299,7 @@ def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
         ready = threading.Event()
         timer = make_step_timer(variant, baton, ready, device)
         trainer.add_callback(timer)
-        ema_times = time_ema(ema) if ema is not None else None
+        ema_times = time_ema(ema, device) if ema is not None else None
         results[variant] = {"timer": timer, "ema": ema_times, "error": None}
 
         def target(trainer=trainer, variant=variant, ready=ready):
