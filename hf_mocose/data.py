@@ -81,15 +81,18 @@ def load_sentences(
     return dataset
 
 
-def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None) -> Dataset:
+def tokenize_sentences(
+    dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None, keep_text: bool = False
+) -> Dataset:
     """Tokenises the `text` column once with `Dataset.map` (cached); over-long sentences are truncated.
 
-    Padding is left to the collator (dynamic, or fixed length for FGSM "previous").
+    Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
+    keeps the sentences beside the tokens (hard negatives are made from the text).
     """
     return dataset.map(
         lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_seq_length),
         batched=True,
-        remove_columns=["text"],
+        remove_columns=[] if keep_text else ["text"],
         num_proc=num_proc,
         desc="Tokenizing",
     )

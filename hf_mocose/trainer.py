@@ -140,11 +140,15 @@ class MoCoSETrainer(Trainer):
     def current_decay(self) -> float:
         return ema_decay_at(self.state.global_step, self.state.max_steps, self.args.ema_decay_start, self.args.ema_decay_end)
 
-    def queue_window(self) -> int | None:
-        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit)."""
+    def queue_window(self, decay: float | None = None) -> int | None:
+        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit).
+
+        The step about to run uses eta(global_step), the decay its EMA update will apply.
+        """
         if self.args.target_mtd is None:
             return None
-        return active_queue_window(self.args.target_mtd, self.current_decay(), self.global_batch_size,
+        decay = self.current_decay() if decay is None else decay
+        return active_queue_window(self.args.target_mtd, decay, self.global_batch_size,
                                    self.accelerator.unwrap_model(self.model).config.queue_size)
 
     def _contrastive_loss(self, model: MoCoSEModel, outputs: MoCoSEOutput) -> tuple[ContrastiveLossOutput, torch.Tensor]:
@@ -235,14 +239,14 @@ class MoCoSETrainer(Trainer):
                 logs["queue_fill"] = int(model.queue.queue_fill)
             if self.ema_callback is not None and self.ema_callback.last_decay is not None:
                 decay = self.ema_callback.last_decay
-                reach = self._queue_reach(model.config.queue_size)
+                reach = self._queue_reach(model.config.queue_size, decay)
                 logs["ema_decay"] = round(decay, 6)
                 logs["d_trace"] = round(max_traceable_distance(decay, reach, self.global_batch_size), 4)
         super().log(logs, start_time)
 
-    def _queue_reach(self, capacity: int) -> int:
-        """K in d_trace: the age span of the queue entries in use."""
-        window = self.queue_window()
+    def _queue_reach(self, capacity: int, decay: float) -> int:
+        """K in d_trace: the age span of the queue entries in use (at the step that applied `decay`)."""
+        window = self.queue_window(decay)
         if window is not None:
             return window
         if self.args.queue_age_slices:

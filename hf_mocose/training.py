@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> str:
             script_args.max_train_samples,
         )
         train_dataset = tokenize_sentences(
-            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers
+            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers,
+            keep_text=args.hard_negatives is not None,
         )
 
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)

@@ -50,6 +50,7 @@ def build_tiny_encoder(path: Path, model_type: str = "bert", seed: int = 0) -> s
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,
+        initializer_range=0.2,  # wide init: distinct sentence states, so tiny-model losses move within a few steps
         **({"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64} if model_type == "distilbert" else {}),
     )
     model = AutoModel.from_config(config)
@@ -100,7 +101,7 @@ def tiny_training_args(output_dir, **overrides):
     return MoCoSETrainingArguments(**defaults)
 
 
-def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, **overrides):
+def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_text=False, **overrides):
     """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs."""
     from transformers import AutoTokenizer, set_seed
 
@@ -115,5 +116,6 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, **ove
     model = MoCoSEModel.from_pretrained(encoder_path, **args.model_config_kwargs())
     if sentences is None:
         sentences = python_docs_sentences()[:n_sentences]
-    dataset = tokenize_sentences(Dataset.from_dict({"text": list(sentences)}), tokenizer, args.max_seq_length)
+    dataset = tokenize_sentences(Dataset.from_dict({"text": list(sentences)}), tokenizer, args.max_seq_length,
+                                 keep_text=keep_text)
     return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
