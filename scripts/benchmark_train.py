@@ -37,6 +37,7 @@ Usage, from the repository root (CPU defaults: all-MiniLM-L6-v2 from gt-all-mini
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -399,17 +400,43 @@ def run_memory_probes(cfg, argv_common: list[str], variants: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------- profile
-def profile_mocose(cfg, model_path: str, row_limit: int = 20) -> str:
-    """`torch.profiler` table (top ops by self CPU time) of MoCoSE-previous steps after a warm-up step."""
+REGIONS = ("region::online_encoder_forward", "region::target_encoder_forward", "region::ema_update")
+
+
+def _annotate(obj, attribute: str, label: str) -> None:
+    """Wraps `obj.<attribute>` (instance attribute only; classes untouched) in a profiler region."""
+    original = getattr(obj, attribute)
+
+    @functools.wraps(original)  # keeps the signature: Trainer reads forward's arguments to pick columns
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(label):
+            return original(*args, **kwargs)
+
+    setattr(obj, attribute, wrapped)
+
+
+def profile_variant(cfg, model_path: str, variant: str, active: int = 3):
+    """`torch.profiler` key averages of `active` steps of one variant (after 2 untimed steps).
+
+    The encoder forwards and the EMA update are marked as regions, so their inclusive time shows.
+    """
     from torch.profiler import ProfilerActivity, profile, schedule
     from transformers import AutoTokenizer, TrainerCallback, set_seed
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    active = 3
     sentences, _ = benchmark_sentences(tokenizer, cfg.corpus, (2 + active) * cfg.batch_size, cfg.max_seq_length)
     set_seed(cfg.seed)
     local = argparse.Namespace(**{**vars(cfg), "warmup": 2, "steps": active})
-    trainer, _ = build_trainer("mocose_previous", local, model_path, sentences, tempfile.mkdtemp(prefix="bench_prof_"))
+    trainer, ema = build_trainer(variant, local, model_path, sentences, tempfile.mkdtemp(prefix="bench_prof_"))
+    model = trainer.model
+    if variant == "plain":
+        _annotate(model, "forward", REGIONS[0])
+    elif variant != "st_mnrl":
+        _annotate(model.online_encoder, "forward", REGIONS[0])
+        if getattr(model.config, "uses_target", False):
+            _annotate(model.target_encoder, "forward", REGIONS[1])
+    if ema is not None:
+        _annotate(ema, "update", REGIONS[2])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cfg.device.startswith("cuda") else [])
     prof = profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=active))
 
@@ -420,8 +447,40 @@ def profile_mocose(cfg, model_path: str, row_limit: int = 20) -> str:
     trainer.add_callback(Stepper())
     with prof:
         trainer.train()
-    sort = "self_cuda_time_total" if cfg.device.startswith("cuda") else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+    return prof.key_averages(), active
+
+
+def profile_report(cfg, model_path: str, row_limit: int = 15) -> dict:
+    """Top ops of the MoCoSE-previous step, and per-step time by op and region next to the plain step."""
+    cuda = cfg.device.startswith("cuda")
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    per_variant = {}
+    tables = {}
+    for variant in ("plain", "mocose_previous"):
+        averages, active = profile_variant(cfg, model_path, variant)
+        tables[variant] = averages.table(sort_by=sort, row_limit=row_limit)
+        self_ms = {e.key: e.self_cpu_time_total / 1000 / active for e in averages}
+        total_ms = {e.key: e.cpu_time_total / 1000 / active for e in averages}
+        step_ms = sum(v for k, v in self_ms.items() if not k.startswith(("region::", "ProfilerStep")))
+        per_variant[variant] = {"self_ms": self_ms, "total_ms": total_ms, "step_ms": step_ms}
+    plain, mocose = per_variant["plain"], per_variant["mocose_previous"]
+    keys = sorted(set(plain["self_ms"]) | set(mocose["self_ms"]),
+                  key=lambda k: -max(mocose["self_ms"].get(k, 0), plain["self_ms"].get(k, 0)))
+    lines = [
+        "| op (self CPU time per step) | plain ms | MoCoSE-previous ms | difference ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for key in [k for k in keys if not k.startswith(("region::", "ProfilerStep"))][:row_limit]:
+        a, b = plain["self_ms"].get(key, 0.0), mocose["self_ms"].get(key, 0.0)
+        lines.append(f"| `{key}` | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    lines.append(f"| **all ops** | {plain['step_ms']:.1f} | {mocose['step_ms']:.1f} | "
+                 f"{mocose['step_ms'] - plain['step_ms']:+.1f} |")
+    lines += ["", "| region (inclusive CPU time per step) | plain ms | MoCoSE-previous ms |", "| --- | ---: | ---: |"]
+    for region in REGIONS:
+        a, b = plain["total_ms"].get(region), mocose["total_ms"].get(region)
+        lines.append(f"| `{region}` | {'-' if a is None else f'{a:.1f}'} | {'-' if b is None else f'{b:.1f}'} |")
+    return {"mocose_previous_top_ops": tables["mocose_previous"], "plain_top_ops": tables["plain"],
+            "comparison_markdown": "\n".join(lines)}
 
 
 # ----------------------------------------------------------------------------- report
@@ -481,7 +540,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no_memory", action="store_true", help="skip the per-variant peak-memory subprocesses")
     parser.add_argument("--memory_steps", type=int, default=3, help="steps each memory subprocess runs")
-    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of MoCoSE steps")
+    parser.add_argument("--profile", action="store_true", help="also profile the plain and MoCoSE-previous steps (torch.profiler) and compare them by op")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--markdown", default=None, help="write the Markdown tables here")
     parser.add_argument("--_memory_probe", default=None, help=argparse.SUPPRESS)
@@ -525,13 +584,14 @@ def main(argv=None) -> dict:
         common = [a for a in common if a not in ("--profile",)]
         summary["memory"] = run_memory_probes(cfg, common, cfg.variants)
     if cfg.profile:
-        summary["profile_mocose_previous"] = profile_mocose(cfg, model_path)
+        summary["profile"] = profile_report(cfg, model_path)
     table = markdown(summary, cfg, meta)
     print(table)
     if summary["errors"]:
         print("errors:", json.dumps(summary["errors"], indent=1), file=sys.stderr)
     if cfg.profile:
-        print("\ntorch.profiler, MoCoSE fgsm_mode=previous, 3 steps:\n" + summary["profile_mocose_previous"])
+        print("\ntorch.profiler, MoCoSE fgsm_mode=previous, 3 steps:\n" + summary["profile"]["mocose_previous_top_ops"])
+        print("\n" + summary["profile"]["comparison_markdown"])
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(summary, indent=1))
     if cfg.markdown:
