@@ -5,14 +5,16 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import torch
 from transformers import DataCollatorWithPadding
 
 
 class ContrastiveCollator:
     """Pads tokenised sentences; with a UNA augmenter, also tokenises each sentence's hard negative.
 
-    Features are dicts with `input_ids`, `attention_mask` (...), and `text` when hard negatives
-    are on. The negatives come out as `negative_input_ids`, `negative_attention_mask` (and
+    Features are dicts with `input_ids`, `attention_mask` (...), `text` when hard negatives
+    are on, and IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to
+    `max_length`, stacked as they are). The negatives come out as `negative_input_ids`, `negative_attention_mask` (and
     `negative_token_type_ids`) `(B, L)`. Their randomness is seeded by `seed` and the batch's
     own text, so it is the same in every dataloader worker, after a resume, and on every rank.
 
@@ -34,7 +36,10 @@ class ContrastiveCollator:
 
     def __call__(self, features: list[dict]) -> dict:
         texts = [feature["text"] for feature in features] if "text" in features[0] else None
-        batch = self.padder([{k: v for k, v in feature.items() if k != "text"} for feature in features])
+        fixed = [k for k in features[0] if k.startswith("fraternal_")]  # already padded to max_length
+        batch = self.padder([{k: v for k, v in f.items() if k != "text" and k not in fixed} for f in features])
+        for name in fixed:
+            batch[name] = torch.tensor([feature[name] for feature in features])
         if self.una_augmenter is not None:
             if texts is None:
                 raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")

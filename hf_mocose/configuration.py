@@ -30,6 +30,7 @@ MODEL_CONFIG_FIELDS = (
     "target_dropout",
     "max_seq_length",
     "encoder_dropout",
+    "fraternal_fusion",
 )
 
 
@@ -65,6 +66,9 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     encoder_dropout = values.get("encoder_dropout")
     if encoder_dropout is not None and not 0 <= encoder_dropout < 1:
         raise ValueError(f"encoder_dropout must be in [0, 1), got {encoder_dropout!r}.")
+    fusion = values.get("fraternal_fusion", 0.5)
+    if not 0.0 <= fusion <= 1.0:
+        raise ValueError(f"fraternal_fusion (epsilon) must be in [0, 1], got {fusion!r}.")
     max_len = values.get("max_seq_length", 32)
     if max_len is not None and max_len < 2:
         raise ValueError(f"max_seq_length must be >= 2, got {max_len!r}.")
@@ -106,6 +110,10 @@ class MoCoSEConfig(PretrainedConfig):
             Token length used in training; exported with the model.
         encoder_dropout (`float`, *optional*, defaults to 0.1):
             Dropout probability set on the encoder (hidden and attention); `None` keeps the checkpoint's.
+        fraternal_vocab_size (`int`, *optional*):
+            IFCL: vocabulary size of the fraternal (second-language) embedding table; None = no fraternal view.
+        fraternal_fusion (`float`, defaults to 0.5):
+            IFCL: fusion rate epsilon of the fraternal view's input, epsilon * y + (1 - epsilon) * y_fraternal.
     """
 
     model_type = "mocose"
@@ -127,6 +135,8 @@ class MoCoSEConfig(PretrainedConfig):
         target_dropout: bool = True,
         max_seq_length: int = 32,
         encoder_dropout: float | None = 0.1,
+        fraternal_vocab_size: int | None = None,
+        fraternal_fusion: float = 0.5,
         **kwargs,
     ):
         if isinstance(encoder_config, dict):
@@ -146,6 +156,8 @@ class MoCoSEConfig(PretrainedConfig):
         self.target_dropout = target_dropout
         self.max_seq_length = max_seq_length
         self.encoder_dropout = encoder_dropout
+        self.fraternal_vocab_size = fraternal_vocab_size
+        self.fraternal_fusion = fraternal_fusion
         validate_method_hparams({name: getattr(self, name) for name in MODEL_CONFIG_FIELDS})
         super().__init__(**kwargs)
 

@@ -37,6 +37,7 @@ def load_sentences(
     dataset_split: str = "train",
     text_column: str = "text",
     max_train_samples: int | None = None,
+    fraternal_column: str | None = None,
 ) -> Dataset:
     """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
 
@@ -46,6 +47,7 @@ def load_sentences(
         dataset_name: a `datasets` dataset (Hub name or local folder), used when `train_file` is None.
         text_column: the column holding the sentences.
         max_train_samples: keep only the first N sentences.
+        fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
     """
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
@@ -66,16 +68,23 @@ def load_sentences(
     else:
         raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
 
-    if text_column not in dataset.column_names:
-        raise ValueError(
-            f"text_column {text_column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
-        )
-    dataset = dataset.select_columns([text_column])
-    if text_column != "text":
-        dataset = dataset.rename_column(text_column, "text")
+    for role, column in (("text_column", text_column), ("fraternal_column", fraternal_column)):
+        if column is not None and column not in dataset.column_names:
+            raise ValueError(
+                f"{role} {column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
+            )
+    columns = {text_column: "text", **({fraternal_column: "fraternal_text"} if fraternal_column else {})}
+    dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
     dataset = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
     if len(dataset) == 0:
         raise ValueError(f"The training data ({train_file or dataset_name}) has no non-empty sentences.")
+    if fraternal_column:
+        empty = [i for i, t in enumerate(dataset["fraternal_text"]) if not (t and t.strip())]
+        if empty:
+            raise ValueError(
+                f"fraternal_column {fraternal_column!r} is empty in {len(empty)} of {len(dataset)} rows "
+                f"(first: row {empty[0]}); every sentence needs its fraternal text."
+            )
     if max_train_samples is not None:
         dataset = dataset.select(range(min(max_train_samples, len(dataset))))
     return dataset
@@ -96,3 +105,14 @@ def tokenize_sentences(
         num_proc=num_proc,
         desc="Tokenizing",
     )
+
+
+def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: int) -> Dataset:
+    """IFCL: tokenises `fraternal_text` with the fraternal model's tokenizer, padded/truncated to
+    `max_seq_length` so it fuses position by position with the (equally padded) anchor."""
+    def encode(batch):
+        encoded = fraternal_tokenizer(batch["fraternal_text"], truncation=True, max_length=max_seq_length,
+                                      padding="max_length")
+        return {"fraternal_input_ids": encoded["input_ids"], "fraternal_attention_mask": encoded["attention_mask"]}
+
+    return dataset.map(encode, batched=True, remove_columns=["fraternal_text"], desc="Tokenizing fraternal text")

@@ -84,3 +84,31 @@ def info_nce_loss(
     loss = F.cross_entropy(logits, target)
     negative_cos = (neg_sum / neg_count.clamp(min=1)).detach()
     return ContrastiveLossOutput(loss, positive_cos.mean().detach(), negative_cos)
+
+
+def twins_loss(
+    anchor: torch.Tensor,
+    identical: torch.Tensor,
+    fraternal: torch.Tensor,
+    anchor_input: torch.Tensor,
+    identical_input: torch.Tensor,
+    fraternal_input: torch.Tensor,
+) -> torch.Tensor:
+    r"""IFCL's Twins loss :math:`| e^{s(h,h^+)} - e^{s(h,h^-)} - M |` with
+    :math:`M = e^{s(x,x^+)} - e^{s(x,x^-)}` measured on the (pooled) input embeddings.
+
+    The gap between the identical twin (h+, a dropout view) and the fraternal twin (h-, the fused
+    translation view) in the output space is held to the gap their inputs already have. `s` is cosine.
+
+    Args:
+        anchor, identical, fraternal: `(B, D)` outputs h, h+, h-.
+        anchor_input, identical_input, fraternal_input: `(B, H)` pooled input embeddings x, x+, x-.
+
+    Returns:
+        Scalar mean over the batch.
+    """
+    def exp_cos(a, b):
+        return torch.exp(F.cosine_similarity(a.float(), b.float(), dim=-1))
+
+    margin = exp_cos(anchor_input, identical_input) - exp_cos(anchor_input, fraternal_input)
+    return (exp_cos(anchor, identical) - exp_cos(anchor, fraternal) - margin.detach()).abs().mean()

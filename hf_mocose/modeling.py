@@ -96,12 +96,22 @@ class MoCoSEOutput(ModelOutput):
         word_embeddings: `(B, L, H)` the online word embeddings (FGSM perturbation added, before the
             other embedding augmentations); FGSM reads its gradient.
         negative_keys: `(U, D)` hard negatives (e.g. UNA) passed through the key branch, or None.
+        fraternal_query: `(B, D)` IFCL's fraternal view h- (the fused translation input), or None.
+        input_embeddings: `(2, B, H)` masked means of the anchor's and the fraternal view's input
+            embeddings (IFCL's Twins margin), or None.
     """
 
     query: torch.Tensor | None = None
     key: torch.Tensor | None = None
     word_embeddings: torch.Tensor | None = None
     negative_keys: torch.Tensor | None = None
+    fraternal_query: torch.Tensor | None = None
+    input_embeddings: torch.Tensor | None = None
+
+
+def _masked_mean(embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    weights = mask.unsqueeze(-1).to(embeddings.dtype)
+    return (embeddings * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 class MoCoSEModel(PreTrainedModel):
@@ -134,6 +144,10 @@ class MoCoSEModel(PreTrainedModel):
             self.target_projection = build_projection(hidden, config.projection_layers, dropout)
         if config.uses_queue:
             self.queue = KeyQueue(config.queue_size, hidden, config.queue_init_size)
+        if config.fraternal_vocab_size:
+            # IFCL: a second (e.g. other-language) model's word embeddings for the fraternal view; frozen.
+            self.fraternal_embeddings = nn.Embedding(config.fraternal_vocab_size, hidden)
+            self.fraternal_embeddings.requires_grad_(False)
         self.post_init()
         if config.uses_target:
             for module in self.target_modules():
@@ -142,16 +156,32 @@ class MoCoSEModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_encoder(cls, encoder_name_or_path: str, **config_kwargs) -> "MoCoSEModel":
+    def from_encoder(
+        cls, encoder_name_or_path: str, fraternal_model_name_or_path: str | None = None, **config_kwargs
+    ) -> "MoCoSEModel":
         """Builds a fresh MoCoSE model around a pretrained encoder checkpoint.
 
         The online and target encoders start as the checkpoint; the pooler Linear starts from the
         checkpoint's pooler dense weights when it has them. `config_kwargs` are `MoCoSEConfig` fields.
+        `fraternal_model_name_or_path` (IFCL) copies that model's word embeddings as the fraternal table.
         """
         encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
         check_is_encoder(encoder_config, str(encoder_name_or_path))
         pretrained = AutoModel.from_pretrained(encoder_name_or_path)
+        fraternal = None
+        if fraternal_model_name_or_path is not None:
+            fraternal = AutoModel.from_pretrained(fraternal_model_name_or_path).get_input_embeddings().weight.detach()
+            hidden = getattr(encoder_config, "hidden_size", None) or encoder_config.dim
+            if fraternal.shape[1] != hidden:
+                raise ValueError(
+                    f"fraternal_model_name_or_path {fraternal_model_name_or_path!r} has embedding width "
+                    f"{fraternal.shape[1]}, but the encoder's hidden size is {hidden}: they must match to be fused."
+                )
+            config_kwargs["fraternal_vocab_size"] = fraternal.shape[0]
         model = cls(MoCoSEConfig(encoder_config=encoder_config, **config_kwargs))
+        if fraternal is not None:
+            with torch.no_grad():
+                model.fraternal_embeddings.weight.copy_(fraternal)
         pooler_dense = getattr(getattr(pretrained, "pooler", None), "dense", None)
         if isinstance(pooler_dense, nn.Linear):
             model.online_pooler.load_state_dict(pooler_dense.state_dict())
@@ -166,14 +196,16 @@ class MoCoSEModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """Loads a MoCoSE checkpoint, or builds a fresh MoCoSE model around a plain encoder checkpoint.
 
-        For a plain encoder, keyword arguments named in `MODEL_CONFIG_FIELDS` (and `encoder_dropout`)
-        configure the new model; for a MoCoSE checkpoint they are ignored with a warning unless equal.
+        For a plain encoder, keyword arguments named in `MODEL_CONFIG_FIELDS` (and
+        `fraternal_model_name_or_path`) configure the new model; for a MoCoSE checkpoint they are
+        ignored with a warning unless equal.
         """
-        overrides = {k: kwargs.pop(k) for k in (*MODEL_CONFIG_FIELDS, "encoder_dropout") if k in kwargs}
+        overrides = {k: kwargs.pop(k) for k in (*MODEL_CONFIG_FIELDS, "fraternal_model_name_or_path") if k in kwargs}
         if kwargs.get("config") is None:
             probe = AutoConfig.from_pretrained(pretrained_model_name_or_path)
             if probe.model_type != MoCoSEConfig.model_type:
                 return cls.from_encoder(pretrained_model_name_or_path, **overrides)
+        overrides.pop("fraternal_model_name_or_path", None)  # a checkpoint keeps its own fraternal table
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         changed = {k: v for k, v in overrides.items() if getattr(model.config, k) != v}
         if changed:
@@ -258,6 +290,8 @@ class MoCoSEModel(PreTrainedModel):
         negative_input_ids: torch.Tensor | None = None,
         negative_attention_mask: torch.Tensor | None = None,
         negative_token_type_ids: torch.Tensor | None = None,
+        fraternal_input_ids: torch.Tensor | None = None,
+        fraternal_attention_mask: torch.Tensor | None = None,
     ) -> MoCoSEOutput:
         """Runs both views of a batch (and its hard negatives, if any).
 
@@ -271,6 +305,8 @@ class MoCoSEModel(PreTrainedModel):
                 online view's word embeddings (token shuffle / cutoff); the target sees them without it.
             negative_input_ids, negative_attention_mask, negative_token_type_ids: `(U, L')` hard negatives,
                 encoded like keys: by the target branch for "mocose", by the online branch otherwise.
+            fraternal_input_ids, fraternal_attention_mask: `(B, L)` IFCL's fraternal text in the fraternal
+                vocabulary, padded to the same L as `input_ids`; fused position by position with the anchor.
 
         Returns:
             `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)` and
@@ -294,7 +330,10 @@ class MoCoSEModel(PreTrainedModel):
                     self._encode_cls(self.online_encoder, embed_tokens(negative_input_ids), negative_attention_mask,
                                      negative_token_type_ids)
                 )
-            return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+            output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+            if fraternal_input_ids is not None:
+                self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
+            return output
         query = self.predictor(query)
         with torch.no_grad():
             target_input = (word_embeddings if perturb_target else clean).detach()
@@ -305,6 +344,21 @@ class MoCoSEModel(PreTrainedModel):
                                      negative_token_type_ids)
                 )
         return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+
+    def _fraternal_view(self, output: MoCoSEOutput, ids, fraternal_mask, anchor_mask) -> None:
+        """IFCL: encodes epsilon * y + (1 - epsilon) * y_fraternal, fused position by position."""
+        if not self.config.fraternal_vocab_size:
+            raise ValueError("fraternal inputs were given but the model has no fraternal embeddings "
+                             "(build it with fraternal_model_name_or_path).")
+        if ids.shape != anchor_mask.shape:
+            raise ValueError(f"fraternal_input_ids {tuple(ids.shape)} must have the anchor's shape {tuple(anchor_mask.shape)}.")
+        epsilon = self.config.fraternal_fusion
+        fused = epsilon * output.word_embeddings + (1.0 - epsilon) * self.fraternal_embeddings(ids)
+        mask = torch.maximum(anchor_mask, fraternal_mask)
+        output.fraternal_query = self._online_head(self._encode_cls(self.online_encoder, fused, mask, None))
+        output.input_embeddings = torch.stack(
+            [_masked_mean(output.word_embeddings, anchor_mask), _masked_mean(fused, mask)]
+        )
 
     def _online_head(self, cls_state: torch.Tensor) -> torch.Tensor:
         return self.online_projection(self.online_pooler(cls_state))

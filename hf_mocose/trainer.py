@@ -28,7 +28,7 @@ from transformers import Trainer
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at
 from .collator import ContrastiveCollator
-from .losses import ContrastiveLossOutput, info_nce_loss
+from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .training_args import MoCoSETrainingArguments
@@ -84,9 +84,13 @@ class MoCoSETrainer(Trainer):
             raise TypeError(f"MoCoSETrainer trains a MoCoSEModel, got {type(model).__name__}.")
         config = model.config
         una = self._build_una(args, train_dataset) if args.hard_negatives == "una" else None
+        fraternal = train_dataset is not None and "fraternal_input_ids" in train_dataset.column_names
+        if fraternal and config.method != "ifcl":
+            raise ValueError(f"A fraternal view is IFCL's: set method='ifcl' (got {config.method!r}).")
         if data_collator is None and processing_class is not None:
-            data_collator = ContrastiveCollator(processing_class, config.max_seq_length, args.pad_to_max_length,
-                                                una_augmenter=una, seed=args.seed)
+            # The fraternal view is fused position by position: anchors padded to the same fixed length.
+            data_collator = ContrastiveCollator(processing_class, config.max_seq_length,
+                                                args.pad_to_max_length or fraternal, una_augmenter=una, seed=args.seed)
         if eval_dataset is None and args.stsb_dev_file and args.eval_strategy != "no":
             eval_dataset = stsb_dev_dataset(args.stsb_dev_file)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -181,7 +185,22 @@ class MoCoSETrainer(Trainer):
             extra_negatives=torch.cat(negatives) if negatives else None,
             extra_negative_weights=torch.cat(weights) if weights else None,
         )
+        if outputs.fraternal_query is not None:
+            result.loss = result.loss + self._fraternal_losses(outputs, positive_index, config.contrastive_temperature)
         return result, keys
+
+    def _fraternal_losses(self, outputs: MoCoSEOutput, positive_index, temperature: float) -> torch.Tensor:
+        """IFCL: l_F (in-batch InfoNCE anchor vs fraternal view) + l_T (Twins loss)."""
+        fraternal = gather_with_grad(outputs.fraternal_query.contiguous())
+        if positive_index is None:
+            positive_index = torch.arange(outputs.query.shape[0], device=fraternal.device)
+        loss_f = info_nce_loss(outputs.query, fraternal, temperature, positive_index=positive_index).loss
+        anchor_input, fraternal_input = outputs.input_embeddings
+        # The identical twin reads the anchor's own text, so its input embedding is the anchor's.
+        loss_t = twins_loss(outputs.query, outputs.key, outputs.fraternal_query, anchor_input, anchor_input, fraternal_input)
+        if self.model.training:
+            self._accumulate({"loss_fraternal": loss_f.detach(), "loss_twins": loss_t.detach()})
+        return loss_f + loss_t
 
     def _use_hard_negatives(self) -> bool:
         return self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0

@@ -18,7 +18,7 @@ import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from .data import load_sentences, tokenize_sentences
+from .data import load_sentences, tokenize_fraternal, tokenize_sentences
 from .hub import publish_final_model
 from .modeling import MoCoSEModel
 from .trainer import MoCoSETrainer
@@ -48,6 +48,12 @@ class ScriptArguments:
     text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    fraternal_column: str | None = field(
+        default=None, metadata={"help": "IFCL: column with each sentence's fraternal text (e.g. a translation)."}
+    )
+    fraternal_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "IFCL: model whose word embeddings and tokenizer embed the fraternal text."}
+    )
     final_model_dir: str | None = field(
         default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
     )
@@ -78,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
                 action.required = False
         parser.set_defaults(**recipe)
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if script_args.fraternal_column is not None:
+        if training_args.method != "ifcl":
+            raise ValueError(f"fraternal_column is IFCL's fraternal view: set method ifcl (got {training_args.method!r}).")
+        if script_args.fraternal_model_name_or_path is None:
+            raise ValueError("fraternal_column needs fraternal_model_name_or_path (the model that embeds that text).")
     return script_args, training_args
 
 
@@ -126,7 +137,8 @@ def main(argv: list[str] | None = None) -> str:
 
     model_path = resolve_model_path(script_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
+    fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path} if script_args.fraternal_column else {}
+    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs(), **fraternal)
     with args.main_process_first(desc="loading and tokenising the training data"):
         sentences = load_sentences(
             script_args.train_file,
@@ -135,11 +147,15 @@ def main(argv: list[str] | None = None) -> str:
             script_args.dataset_split,
             script_args.text_column,
             script_args.max_train_samples,
+            script_args.fraternal_column,
         )
         train_dataset = tokenize_sentences(
             sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers,
             keep_text=args.hard_negatives is not None,
         )
+        if script_args.fraternal_column:
+            fraternal_tokenizer = AutoTokenizer.from_pretrained(script_args.fraternal_model_name_or_path)
+            train_dataset = tokenize_fraternal(train_dataset, fraternal_tokenizer, model.config.max_seq_length)
 
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
     resume = args.resume_from_checkpoint
@@ -147,6 +163,7 @@ def main(argv: list[str] | None = None) -> str:
         resume = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
         logger.info("Resuming from %s", resume or "scratch (no checkpoint found)")
     trainer.train(resume_from_checkpoint=resume)
+    trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     trainer.save_model(final_dir)

@@ -62,6 +62,7 @@ class MoCoSETrainingArguments(TrainingArguments):
         the online view (position shuffle, zeroed tokens, zeroed embedding dimensions).
     ifcl_forgetting (`float`, defaults to `0.1`): IFCL's lambda; entry m of the hippocampus queue weighs
         1 - lambda * ceil(m / N).
+    fraternal_fusion (`float`, defaults to `0.5`): *(model)* IFCL's fusion rate epsilon of the fraternal view.
     hard_negatives (`str` or `None`): `"una"` adds each anchor's TF-IDF hard negative every `una_frequency` steps.
     una_alpha (`float`, defaults to `0.5`), una_window (`float`, defaults to `4000`), una_frequency (`int`,
         defaults to `5`): UNA's replacement rate, sampling window (>= 1: ranks; in (0, 1): vocabulary fraction)
@@ -146,6 +147,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     feature_cutoff: float = field(default=0.0, metadata={"help": "Rate of embedding dimensions zeroed, in [0, 1)."})
     ifcl_forgetting: float = field(
         default=0.1, metadata={"help": "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1)."}
+    )
+    fraternal_fusion: float = field(
+        default=0.5, metadata={"help": "(model) IFCL fusion rate epsilon: epsilon*y + (1-epsilon)*y_fraternal, in [0, 1]."}
     )
     hard_negatives: str | None = field(default=None, metadata={"help": "Hard negatives: 'una' (TF-IDF replacement)."})
     una_alpha: float = field(default=0.5, metadata={"help": "UNA replacement-rate alpha > 0."})
