@@ -96,6 +96,7 @@ class MoCoSETrainer(Trainer):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          processing_class=processing_class, data_collator=data_collator, **kwargs)
         self._check_queue_settings(config)
+        self._check_sharding(config)
         self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views)
         augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff)
         self.embedding_augmentation = augmentation if augmentation.active else None
@@ -129,6 +130,23 @@ class MoCoSETrainer(Trainer):
                     f"ifcl_forgetting (lambda) x queued batches (k = ceil(queue_size / batch) = {batches}) must be < 1 "
                     f"so every forgetting coefficient stays positive; got lambda={args.ifcl_forgetting}."
                 )
+
+    def _check_sharding(self, config) -> None:
+        """The EMA target needs whole parameters on every rank: refuse strategies that shard them.
+
+        Under FSDP and DeepSpeed ZeRO-3 the EMA would interpolate emptied or replaced tensors and the
+        target would silently stop following the online branch (see docs/distributed.md). DDP and
+        ZeRO-1/2 keep parameters whole; SimCSE and IFCL have no target and run anywhere.
+        """
+        if not config.uses_target:
+            return
+        if self.is_fsdp_enabled:
+            raise ValueError("method='mocose' does not support FSDP yet (the EMA target needs unsharded parameters): "
+                             "launch with DDP or DeepSpeed ZeRO-1/2 (configs/accelerate/ddp.yaml, zero2.yaml).")
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
+        if plugin is not None and plugin.zero_stage == 3:
+            raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
+                             "unsharded parameters): use zero_stage 1 or 2 (configs/accelerate/zero2.yaml) or DDP.")
 
     # ----------------------------------------------------------------- loss
     @property
@@ -279,6 +297,8 @@ class MoCoSETrainer(Trainer):
         from .evaluation.sts import sts_correlation
 
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None and self.args.stsb_dev_file:  # evaluation off during training, asked for at the end
+            dataset = self.eval_dataset = stsb_dev_dataset(self.args.stsb_dev_file)
         if dataset is None:
             raise ValueError("No STS pairs to evaluate: pass eval_dataset or set stsb_dev_file.")
         model = self.accelerator.unwrap_model(self.model)

@@ -69,6 +69,26 @@ def test_evaluate_stsb_dev(tiny_encoder, tmp_path):
     assert set(metrics) == {"eval_stsb_spearman", "eval_stsb_pearson"}
 
 
+def test_final_evaluate_with_evaluation_off_during_training(tiny_encoder, tmp_path):
+    dev = tmp_path / "sts-dev.csv"
+    dev.write_text("g\tf\t2012\t1\t5.0\tA man plays.\tA man is playing.\n"
+                   "g\tf\t2012\t2\t0.0\tA cat sleeps.\tStocks fell today.\n"
+                   "g\tf\t2012\t3\t2.5\tKids run.\tChildren play.\n")
+    trainer = make_trainer(tiny_encoder, tmp_path / "out", stsb_dev_file=str(dev), eval_strategy="no", max_steps=1)
+    trainer.train()
+    assert set(trainer.evaluate()) == {"eval_stsb_spearman", "eval_stsb_pearson"}
+
+
+def test_sharded_strategies_are_refused_for_mocose(tiny_encoder, tmp_path):
+    trainer = make_trainer(tiny_encoder, tmp_path)
+    trainer.is_fsdp_enabled = True
+    with pytest.raises(ValueError, match="does not support FSDP"):
+        trainer._check_sharding(trainer.model.config)
+    simcse = make_trainer(tiny_encoder, tmp_path / "simcse", method="simcse")
+    simcse.is_fsdp_enabled = True
+    simcse._check_sharding(simcse.model.config)  # no target: nothing to refuse
+
+
 def test_resume_gives_same_next_losses(tiny_encoder, tmp_path):
     common = dict(max_steps=6, save_strategy="steps", save_steps=3, fgsm_epsilon=1e-2)
     full = make_trainer(tiny_encoder, tmp_path / "full", **common)
