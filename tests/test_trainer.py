@@ -119,3 +119,14 @@ def test_gradient_accumulation_matches_big_batch(tiny_encoder, tmp_path, monkeyp
     accumulated.train()
     assert _losses(big)[0] == pytest.approx(_losses(accumulated)[0], abs=1e-5)
     assert torch.allclose(big.model.online_pooler.weight, accumulated.model.online_pooler.weight, atol=1e-6)
+
+
+def test_bf16_autocast_keeps_queue_and_ema_in_fp32(tiny_encoder, tmp_path):
+    trainer = make_trainer(tiny_encoder, tmp_path, bf16=True, max_steps=2)
+    trainer.train()
+    model = trainer.model
+    assert model.queue.keys.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for m in model.target_modules() for p in m.parameters())
+    losses = _losses(trainer)
+    assert len(losses) == 2 and all(loss == loss for loss in losses)  # finite, not NaN
+    assert int(model.queue.queue_fill) == 10  # K_s 3 + 2 steps x 4 keys, capped at K = 10
