@@ -13,8 +13,8 @@ class ContrastiveCollator:
     """Pads tokenised sentences; with a UNA augmenter, also tokenises each sentence's hard negative.
 
     Features are dicts with `input_ids`, `attention_mask` (...), `text` when hard negatives
-    are on, and IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to
-    `max_length`, stacked as they are). The negatives come out as `negative_input_ids`, `negative_attention_mask` (and
+    are on, IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to
+    `max_length`, stacked as they are), and given positives' `positive_input_ids` (...), padded apart. The negatives come out as `negative_input_ids`, `negative_attention_mask` (and
     `negative_token_type_ids`) `(B, L)`. Their randomness is seeded by `seed` and the batch's
     own text, so it is the same in every dataloader worker, after a resume, and on every rank.
 
@@ -37,9 +37,14 @@ class ContrastiveCollator:
     def __call__(self, features: list[dict]) -> dict:
         texts = [feature["text"] for feature in features] if "text" in features[0] else None
         fixed = [k for k in features[0] if k.startswith("fraternal_")]  # already padded to max_length
-        batch = self.padder([{k: v for k, v in f.items() if k != "text" and k not in fixed} for f in features])
+        positive = [k for k in features[0] if k.startswith("positive_")]  # padded on their own
+        own = [k for k in features[0] if k != "text" and k not in fixed and k not in positive]
+        batch = self.padder([{k: f[k] for k in own} for f in features])
         for name in fixed:
             batch[name] = torch.tensor([feature[name] for feature in features])
+        if positive:
+            padded = self.padder([{k[len("positive_"):]: f[k] for k in positive} for f in features])
+            batch.update({f"positive_{name}": tensor for name, tensor in padded.items()})
         if self.una_augmenter is not None:
             if texts is None:
                 raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")

@@ -38,6 +38,7 @@ def load_sentences(
     text_column: str = "text",
     max_train_samples: int | None = None,
     fraternal_column: str | None = None,
+    positive_column: str | None = None,
 ) -> Dataset:
     """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
 
@@ -48,6 +49,7 @@ def load_sentences(
         text_column: the column holding the sentences.
         max_train_samples: keep only the first N sentences.
         fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
+        positive_column: a given positive of each sentence (e.g. a paraphrase), kept as `positive_text`.
     """
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
@@ -68,22 +70,25 @@ def load_sentences(
     else:
         raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
 
-    for role, column in (("text_column", text_column), ("fraternal_column", fraternal_column)):
+    optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text")}
+    for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
         if column is not None and column not in dataset.column_names:
             raise ValueError(
                 f"{role} {column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
             )
-    columns = {text_column: "text", **({fraternal_column: "fraternal_text"} if fraternal_column else {})}
+    columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
     dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
     dataset = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
     if len(dataset) == 0:
         raise ValueError(f"The training data ({train_file or dataset_name}) has no non-empty sentences.")
-    if fraternal_column:
-        empty = [i for i, t in enumerate(dataset["fraternal_text"]) if not (t and t.strip())]
+    for role, (column, name) in optional.items():
+        if not column:
+            continue
+        empty = [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]
         if empty:
             raise ValueError(
-                f"fraternal_column {fraternal_column!r} is empty in {len(empty)} of {len(dataset)} rows "
-                f"(first: row {empty[0]}); every sentence needs its fraternal text."
+                f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
+                f"(first: row {empty[0]}); every sentence needs one."
             )
     if max_train_samples is not None:
         dataset = dataset.select(range(min(max_train_samples, len(dataset))))
@@ -98,10 +103,18 @@ def tokenize_sentences(
     Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
     keeps the sentences beside the tokens (hard negatives are made from the text).
     """
+    def encode(batch):
+        encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
+        if "positive_text" in batch:  # given positives, tokenised the same way
+            positives = tokenizer(batch["positive_text"], truncation=True, max_length=max_seq_length)
+            encoded.update({f"positive_{name}": values for name, values in positives.items()})
+        return encoded
+
+    removed = [c for c in ("text", "positive_text") if c in dataset.column_names and not (keep_text and c == "text")]
     return dataset.map(
-        lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_seq_length),
+        encode,
         batched=True,
-        remove_columns=[] if keep_text else ["text"],
+        remove_columns=removed,
         num_proc=num_proc,
         desc="Tokenizing",
     )

@@ -292,6 +292,9 @@ class MoCoSEModel(PreTrainedModel):
         negative_token_type_ids: torch.Tensor | None = None,
         fraternal_input_ids: torch.Tensor | None = None,
         fraternal_attention_mask: torch.Tensor | None = None,
+        positive_input_ids: torch.Tensor | None = None,
+        positive_attention_mask: torch.Tensor | None = None,
+        positive_token_type_ids: torch.Tensor | None = None,
     ) -> MoCoSEOutput:
         """Runs both views of a batch (and its hard negatives, if any).
 
@@ -307,6 +310,8 @@ class MoCoSEModel(PreTrainedModel):
                 encoded like keys: by the target branch for "mocose", by the online branch otherwise.
             fraternal_input_ids, fraternal_attention_mask: `(B, L)` IFCL's fraternal text in the fraternal
                 vocabulary, padded to the same L as `input_ids`; fused position by position with the anchor.
+            positive_input_ids, positive_attention_mask, positive_token_type_ids: `(B, L'')` a given positive of
+                each sentence (e.g. a paraphrase); the key is then computed from it instead of the sentence itself.
 
         Returns:
             `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)` and
@@ -318,32 +323,34 @@ class MoCoSEModel(PreTrainedModel):
         clean = embed_tokens(input_ids)
         word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
 
-        def view(embeddings):
-            return embeddings if online_augmentation is None else online_augmentation(embeddings, attention_mask)
+        def online(embeddings, mask, types, augment=True):
+            if augment and online_augmentation is not None:
+                embeddings = online_augmentation(embeddings, mask)
+            return self._online_head(self._encode_cls(self.online_encoder, embeddings, mask, types))
 
-        query = self._online_head(self._encode_cls(self.online_encoder, view(word_embeddings), attention_mask, token_type_ids))
+        def key_branch(embeddings, mask, types):
+            """Keys: the EMA target (no gradient) for MoCoSE, a second online dropout view otherwise."""
+            if not self.config.uses_target:
+                return online(embeddings, mask, types)
+            with torch.no_grad():
+                return self._target_head(self._encode_cls(self.target_encoder, embeddings.detach(), mask, types))
+
+        query = online(word_embeddings, attention_mask, token_type_ids)
+        if self.config.uses_target:
+            query = self.predictor(query)
+        if positive_input_ids is not None:  # a given positive (e.g. a paraphrase) instead of the sentence itself
+            key = key_branch(embed_tokens(positive_input_ids), positive_attention_mask, positive_token_type_ids)
+        elif self.config.uses_target:
+            key = key_branch(word_embeddings if perturb_target else clean, attention_mask, token_type_ids)
+        else:
+            key = key_branch(word_embeddings, attention_mask, token_type_ids)
         negatives = None
-        if not self.config.uses_target:  # SimCSE / IFCL: a second dropout view of the same branch
-            key = self._online_head(self._encode_cls(self.online_encoder, view(word_embeddings), attention_mask, token_type_ids))
-            if negative_input_ids is not None:
-                negatives = self._online_head(
-                    self._encode_cls(self.online_encoder, embed_tokens(negative_input_ids), negative_attention_mask,
-                                     negative_token_type_ids)
-                )
-            output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
-            if fraternal_input_ids is not None:
-                self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
-            return output
-        query = self.predictor(query)
-        with torch.no_grad():
-            target_input = (word_embeddings if perturb_target else clean).detach()
-            key = self._target_head(self._encode_cls(self.target_encoder, target_input, attention_mask, token_type_ids))
-            if negative_input_ids is not None:
-                negatives = self._target_head(
-                    self._encode_cls(self.target_encoder, embed_tokens(negative_input_ids), negative_attention_mask,
-                                     negative_token_type_ids)
-                )
-        return MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+        if negative_input_ids is not None:
+            negatives = key_branch(embed_tokens(negative_input_ids), negative_attention_mask, negative_token_type_ids)
+        output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+        if fraternal_input_ids is not None:
+            self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
+        return output
 
     def _fraternal_view(self, output: MoCoSEOutput, ids, fraternal_mask, anchor_mask) -> None:
         """IFCL: encodes epsilon * y + (1 - epsilon) * y_fraternal, fused position by position."""

@@ -48,6 +48,9 @@ class ScriptArguments:
     text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    positive_column: str | None = field(
+        default=None, metadata={"help": "Column with a given positive of each sentence (e.g. a paraphrase) used as its key."}
+    )
     fraternal_column: str | None = field(
         default=None, metadata={"help": "IFCL: column with each sentence's fraternal text (e.g. a translation)."}
     )
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> str:
             script_args.text_column,
             script_args.max_train_samples,
             script_args.fraternal_column,
+            script_args.positive_column,
         )
         train_dataset = tokenize_sentences(
             sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers,

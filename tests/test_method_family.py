@@ -253,3 +253,32 @@ def test_collapse_ablation_runs_and_logs_signal(tiny_encoder, tmp_path):
     assert len(logs) == 6 and all(0.0 <= h["key_cos"] <= 1.0 for h in logs)
     assert all(math.isfinite(h["loss"]) for h in logs)
     assert logs[-1]["ema_decay"] == 0.0
+
+
+# ----------------------------------------------------------------------------- given positives
+@pytest.mark.parametrize("method", ["mocose", "simcse"])
+def test_given_positive_replaces_the_key(tiny_encoder, method):
+    from hf_mocose import MoCoSEModel
+
+    model = MoCoSEModel.from_pretrained(tiny_encoder, method=method, queue_size=8, queue_init_size=0,
+                                        encoder_dropout=0.0, head_dropout=0.0).train()
+    ids, positive = torch.randint(1000, 2000, (3, 7)), torch.randint(1000, 2000, (3, 5))
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), positive_input_ids=positive,
+                positive_attention_mask=torch.ones_like(positive))
+    expected = model(input_ids=positive, attention_mask=torch.ones_like(positive)).key
+    assert torch.allclose(out.key, expected, atol=1e-6)
+
+
+def test_positive_column_end_to_end(tiny_encoder, tmp_path):
+    from hf_mocose.training import main
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(f'{{"text": "sentence {i} here", "para": "a paraphrase of sentence {i}"}}\n' for i in range(24)))
+    main(["--model_name_or_path", tiny_encoder, "--train_file", str(path), "--positive_column", "para",
+          "--per_device_train_batch_size", "8", "--max_steps", "2", "--queue_size", "16", "--queue_init_size", "0",
+          "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
+          "--disable_tqdm", "true", "--export_sentence_transformers", "false"])
+    from hf_mocose.data import load_sentences
+
+    with pytest.raises(ValueError, match="positive_column 'para2' is not in"):
+        load_sentences(str(path), positive_column="para2")
