@@ -106,7 +106,7 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     from transformers import AutoTokenizer, set_seed
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import load_sentences, python_docs_sentences, tokenize_sentences
+    from hf_mocose.data import python_docs_sentences, tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
     from datasets import Dataset
 
@@ -119,3 +119,12 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     dataset = tokenize_sentences(Dataset.from_dict({"text": list(sentences)}), tokenizer, args.max_seq_length,
                                  keep_text=keep_text)
     return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def run_cli(argv, capsys):
+    """Runs `hf-mocose ARGV` in-process; returns (exit code, stdout, stderr)."""
+    from hf_mocose import cli
+
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from conftest import run_cli
 import torch
 
 from hf_mocose import MoCoSEModel, cli
@@ -49,17 +51,6 @@ def exports(tiny_encoder, tmp_path_factory):
         folder = export_to_sentence_transformers(root / f"ckpt-{pooling}", root / f"st-{pooling}", write_card=False)
         out[pooling] = (model, tokenizer, folder)
     return out
-
-
-def run_cli(argv, capsys):
-    original = cli.COMMAND_MODULES
-    cli.COMMAND_MODULES = ("hf_mocose.publish_commands",)
-    try:
-        code = cli.main(argv)
-    finally:
-        cli.COMMAND_MODULES = original
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)

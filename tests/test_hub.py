@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_mocose import cli
+from conftest import run_cli
+
 from hf_mocose.hub import HubPushError, list_upload_files, push_export, validate_repo_id
 
 TOKEN = "hf_fakeTokenForTests0123456789"
@@ -123,18 +124,6 @@ def export_dir(tiny_encoder, tmp_path_factory):
 
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def run_cli(argv, capsys):
-    """Runs `hf-mocose` with this module's sub-commands registered; returns (code, stdout, stderr)."""
-    original = cli.COMMAND_MODULES
-    cli.COMMAND_MODULES = ("hf_mocose.publish_commands",)
-    try:
-        code = cli.main(argv)
-    finally:
-        cli.COMMAND_MODULES = original
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("xet", [True, False], ids=["xet-installed-path", "legacy-path"])

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 from conftest import build_tiny_encoder
 from hf_mocose import MoCoSEModel

@@ -185,12 +185,6 @@ def test_augmentation_reaches_online_view_only(tiny_encoder, tmp_path):
 UNA_ARGS = dict(hard_negatives="una", una_window=0.5, una_frequency=2, fgsm_mode="off")
 
 
-def _with_text(trainer_kwargs):
-    from hf_mocose.data import python_docs_sentences
-
-    return python_docs_sentences()[:64]
-
-
 def test_una_negatives_every_f_steps(tiny_encoder, tmp_path, monkeypatch):
     trainer = make_trainer(tiny_encoder, tmp_path, keep_text=True, max_steps=4, **UNA_ARGS)
     batch = next(iter(trainer.get_train_dataloader()))

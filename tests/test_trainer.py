@@ -1,6 +1,5 @@
 """MoCoSETrainer end to end on tiny encoders: learning, logging, queue feeding, evaluation, exact resume."""
 
-import json
 
 import pytest
 import torch
