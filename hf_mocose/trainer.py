@@ -120,6 +120,12 @@ class MoCoSETrainer(Trainer):
     def _check_queue_settings(self, config) -> None:
         """Settings that depend on the world size, checked before any step."""
         args = self.args
+        if not config.uses_target and self.keys_per_enqueue < 2:
+            raise ValueError(
+                f"method={config.method!r} contrasts each sentence with the rest of the batch, but the global batch "
+                f"is {self.keys_per_enqueue} (per_device_train_batch_size={args.per_device_train_batch_size} x "
+                f"{args.world_size} processes): use at least 2 sentences per step."
+            )
         if args.target_mtd is not None:
             check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size,
                                    args.ema_decay_start, args.ema_decay_end)

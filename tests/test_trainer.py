@@ -129,3 +129,8 @@ def test_bf16_autocast_keeps_queue_and_ema_in_fp32(tiny_encoder, tmp_path):
     losses = _losses(trainer)
     assert len(losses) == 2 and all(loss == loss for loss in losses)  # finite, not NaN
     assert int(model.queue.queue_fill) == 10  # K_s 3 + 2 steps x 4 keys, capped at K = 10
+
+
+def test_in_batch_only_methods_need_two_sentences_per_step(tiny_encoder, tmp_path):
+    with pytest.raises(ValueError, match="global batch is 1 .*per_device_train_batch_size=1 x 1 processes"):
+        make_trainer(tiny_encoder, tmp_path, method="simcse", per_device_train_batch_size=1)
