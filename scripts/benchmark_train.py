@@ -351,6 +351,14 @@ def summarise(raw: dict, cfg) -> dict:
             out["mocose_over_simcse"] = round(ms["mocose_previous"] / ms["simcse"], 3)
         if "st_mnrl" in sps:
             out["mocose_throughput_over_st"] = round(sps["mocose_previous"] / sps["st_mnrl"], 3)
+    # Per-round ratios (steps of the same round ran back to back): another view of the noise.
+    per_step = {v: r["timer"].step_s[cfg.warmup :] for v, r in raw["results"].items() if not r["error"]}
+    pairs = {"mocose_over_plain": ("mocose_previous", "plain"), "mocose_over_simcse": ("mocose_previous", "simcse"),
+             "st_over_mocose": ("st_mnrl", "mocose_previous")}
+    for key, (a, b) in pairs.items():
+        if per_step.get(a) and per_step.get(b):
+            ratios = [x / y for x, y in zip(per_step[a], per_step[b])]
+            out.setdefault("paired_round_ratio_median", {})[key] = round(statistics.median(ratios), 3)
     if "mocose_exact" in ms and "plain" in ms:
         out["mocose_exact_over_plain"] = round(ms["mocose_exact"] / ms["plain"], 3)
     if "simcse" in ms and "plain" in ms:
