@@ -1,7 +1,7 @@
 """Worker for tests/test_distributed.py: trains a tiny MoCoSE model and dumps what each rank holds.
 
 Run under `accelerate launch` (2 processes) or plainly (1 process):
-    python tests/ddp_worker.py ENCODER OUT_DIR PER_DEVICE_BATCH MAX_STEPS [RESUME_FROM]
+    python tests/ddp_worker.py ENCODER OUT_DIR PER_DEVICE_BATCH MAX_STEPS [RESUME_FROM|-] [METHOD]
 """
 
 import json
@@ -16,14 +16,15 @@ from conftest import make_trainer  # noqa: E402
 
 def main():
     encoder, out_dir, batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    resume = sys.argv[5] if len(sys.argv) > 5 else None
+    resume = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
+    method = sys.argv[6] if len(sys.argv) > 6 else "mocose"
     trainer = make_trainer(
         encoder, out_dir, n_sentences=128, per_device_train_batch_size=batch, max_steps=steps,
         encoder_dropout=0.0, head_dropout=0.0, fgsm_mode="off", pad_to_max_length=True,
         queue_size=40, queue_init_size=4, save_strategy="steps", save_steps=2,
         # SGD: Adam would blow float noise in gradients that are ~0 in theory (attention key biases) up to
         # lr-sized steps, and 1- vs 2-process sums differ in the last bits.
-        optim="sgd", learning_rate=0.1,
+        optim="sgd", learning_rate=0.1, method=method,
     )
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.args.process_index

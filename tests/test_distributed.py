@@ -77,3 +77,14 @@ def test_resume_in_two_processes(runs, tiny_encoder, tmp_path):
     resumed = _run([tiny_encoder, str(tmp_path), "4", "4", str(checkpoint)], 2, tmp_path)
     _assert_states_close(resumed[0]["state"], runs["two"][0]["state"], atol=1e-6)
     assert resumed[0]["losses"][-2:] == pytest.approx(runs["two"][0]["losses"][-2:], abs=1e-6)
+
+
+def test_simcse_gathers_second_views_with_gradient(tiny_encoder, tmp_path):
+    """SimCSE mode's in-batch negatives come from all ranks, with gradient: 2 x 4 equals 1 x 8."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    one.mkdir()
+    two_runs = _run([tiny_encoder, str(two), "4", "3", "-", "simcse"], 2, two)
+    one_run = _run([tiny_encoder, str(one), "8", "3", "-", "simcse"], 1, one)
+    _assert_states_close(two_runs[0]["state"], one_run[0]["state"], atol=1e-5)
+    assert two_runs[0]["losses"] == pytest.approx(one_run[0]["losses"], abs=1e-5)
