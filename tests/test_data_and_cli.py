@@ -168,3 +168,12 @@ def test_interrupted_run_resumes_from_last_checkpoint(tiny_encoder, tmp_path, mo
     resumed = MoCoSEModel.from_pretrained(main(argv(tmp_path / "run") + ["--resume_from_checkpoint", "last"]))
     for name, tensor in reference.state_dict().items():
         assert torch.allclose(tensor, resumed.state_dict()[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("env", [{"ACCELERATE_USE_FSDP": "true"}, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}])
+def test_sharded_launch_refused_before_building_the_model(tmp_path, monkeypatch, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="does not support (FSDP|DeepSpeed ZeRO stage 3)"):
+        main(["--model_name_or_path", "/nonexistent", "--train_file", BUILTIN_PYTHON_DOCS, "--output_dir", str(tmp_path),
+              "--use_cpu", "true", "--eval_strategy", "no"])
