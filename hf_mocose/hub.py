@@ -240,7 +240,8 @@ def publish_final_model(
     export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, eval_results=eval_results, repo_id=repo_id, corpus=corpus,
         datasets=datasets, training_args=args, global_batch_size=getattr(trainer, "global_batch_size", None),
-        train_runtime=runtime, hardware=describe_hardware(args), **card_kwargs,
+        train_runtime=runtime, hardware=describe_hardware(args),
+        **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
     if push:
         upload_to_hub(final_dir, repo_id, path_in_repo=MOCOSE_SUBFOLDER, revision=args.hub_revision,

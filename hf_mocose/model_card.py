@@ -48,6 +48,12 @@ CITATIONS = {
     year = "2021",
     publisher = "Association for Computational Linguistics",
 }""",
+    "ifcl": """@inproceedings{xiao-li-chen-2023-ifcl,
+    title = "Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations",
+    author = "Xiao, Qingfa and Li, Shuangyin and Chen, Lei",
+    booktitle = "Proceedings of the 26th European Conference on Artificial Intelligence (ECAI 2023)",
+    year = "2023",
+}""",
     "una": """@misc{shu-lampos-una,
     title = "Unsupervised hard Negative Augmentation for contrastive learning",
     author = "Shu, Yuxuan and Lampos, Vasileios",
@@ -70,7 +76,18 @@ TRAINING_FIELDS = {
     "lr_scheduler_type": "LR schedule",
     "warmup_steps": "warm-up steps",
     "seed": "seed",
+    # method-family switches, shown when the run set them
+    "queue_slice": "negatives: queue ages (0 = newest)",
+    "target_mtd": "target maximum traceable distance",
+    "token_shuffle": "token shuffle",
+    "token_cutoff": "token cutoff rate",
+    "feature_cutoff": "feature cutoff rate",
+    "hard_negatives": "hard negatives",
+    "una_frequency": "UNA negatives every f steps",
 }
+# Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
+OPTIONAL_TRAINING_FIELDS = ("queue_slice", "target_mtd", "token_shuffle", "token_cutoff", "feature_cutoff",
+                            "hard_negatives")
 MODEL_FIELDS = {
     "method": "method",
     "sentence_pooling": "sentence pooling (exported)",
@@ -219,6 +236,9 @@ def collect_training_details(
     model_rows = [(label, config[name]) for name, label in MODEL_FIELDS.items() if name in config]
     train = {name: getattr(training_args, name) for name in TRAINING_FIELDS if hasattr(training_args, name)}
     train = {name: getattr(value, "value", value) for name, value in train.items()}  # enums -> "linear"
+    train = {k: v for k, v in train.items() if k not in OPTIONAL_TRAINING_FIELDS or v not in (None, False, 0, 0.0)}
+    if train.get("hard_negatives") is None:
+        train.pop("una_frequency", None)
     train_rows = [(TRAINING_FIELDS[name], value) for name, value in train.items()]
     batch_assumed = global_batch_size is None
     if batch_assumed and "per_device_train_batch_size" in train:
@@ -233,9 +253,7 @@ def collect_training_details(
         if train_runtime is None and "train_runtime" in entry:
             train_runtime = entry["train_runtime"]
     # Only explicit switches count: tuning fields such as una_alpha have non-zero defaults.
-    una_used = config.get("method") == "una" or any(
-        getattr(training_args, name, None) is True for name in ("use_una", "una", "una_enabled")
-    )
+    una_used = getattr(training_args, "hard_negatives", None) == "una"
     return {
         "method": config.get("method", "mocose"),
         "model_rows": model_rows,

@@ -168,3 +168,20 @@ def test_cli_export_writes_the_card(run, tmp_path, capsys):
     card = ModelCard.load(tmp_path / "exp" / "README.md")
     assert card.data.model_name == "tiny" and card.data.datasets == ["princeton-nlp/datasets-for-simcse"]
     assert any(r.dataset_type == "stsb" and r.metric_value == 77.7 for r in card.data.eval_results)
+
+
+def test_method_family_switches_and_citations(run, tmp_path):
+    _, export, _ = run
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    config = json.loads((run[0] / "final" / "config.json").read_text())
+    config["method"] = "ifcl"
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    args = argparse.Namespace(ema_decay_start=0.75, ema_decay_end=0.95, per_device_train_batch_size=4,
+                              hard_negatives="una", una_frequency=5, queue_slice=None, token_cutoff=0.1)
+    card = render_model_card(export, checkpoint, training_args=args)
+    text = card.text.replace("{", "").replace("}", "")
+    assert "Identical and Fraternal Twins" in text and "Unsupervised hard Negative Augmentation" in text
+    assert "una" in card.data.tags and "ifcl" in card.data.tags
+    assert "UNA negatives every f steps" in text and "token cutoff rate" in text
+    assert "negatives: queue ages" not in text  # switches left off are not listed
