@@ -14,6 +14,7 @@ Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes thr
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections import defaultdict
@@ -34,6 +35,7 @@ from .mtd import active_queue_window, check_target_reachable, max_traceable_dist
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
+logger = logging.getLogger(__name__)
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
 
@@ -97,6 +99,9 @@ class MoCoSETrainer(Trainer):
                          processing_class=processing_class, data_collator=data_collator, **kwargs)
         self._check_queue_settings(config)
         self._check_sharding(config)
+        differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
+        if differing:
+            logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
         self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views)
         augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff)
         self.embedding_augmentation = augmentation if augmentation.active else None

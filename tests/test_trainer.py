@@ -134,3 +134,13 @@ def test_bf16_autocast_keeps_queue_and_ema_in_fp32(tiny_encoder, tmp_path):
 def test_in_batch_only_methods_need_two_sentences_per_step(tiny_encoder, tmp_path):
     with pytest.raises(ValueError, match="global batch is 1 .*per_device_train_batch_size=1 x 1 processes"):
         make_trainer(tiny_encoder, tmp_path, method="simcse", per_device_train_batch_size=1)
+
+
+def test_model_config_wins_over_differing_arguments(tiny_encoder, tmp_path, caplog):
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.trainer import MoCoSETrainer
+    from conftest import tiny_training_args
+
+    model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=10, queue_init_size=3, max_seq_length=16)
+    MoCoSETrainer(model=model, args=tiny_training_args(tmp_path, queue_size=12))
+    assert "'queue_size': (12, 10)" in caplog.text
