@@ -2,6 +2,14 @@
 
 x' = x + epsilon * sign(grad_x L), where x are the online word embeddings `(B, L, H)`.
 
+Units of epsilon:
+  - "absolute" (the paper's): the step is epsilon itself. The paper's 5e-9 is about one float32 ulp of
+    a word-embedding entry (their RMS is ~0.05 in BERT-style models) and rounds away in bf16, so at
+    that value the perturbation does nothing measurable.
+  - "embedding_rms": the step is epsilon times the root-mean-square of the batch's word-embedding
+    entries, so epsilon is a relative size (0.01 moves each entry by 1 % of a typical entry) that
+    means the same for every encoder and precision.
+
 Modes:
   - "previous" (default; the reference code's): reuse the gradient that the *previous* backward
     left on the word embeddings, so the perturbation costs nothing. It needs equal tensor shapes
@@ -18,6 +26,7 @@ import torch
 
 FGSM_MODES = ("previous", "exact", "off")
 FGSM_VIEWS = ("both", "online")
+FGSM_EPSILON_UNITS = ("absolute", "embedding_rms")
 
 logger = logging.getLogger(__name__)
 
@@ -27,28 +36,43 @@ class FGSMPerturbation:
 
     Args:
         mode: one of `FGSM_MODES`.
-        epsilon: the step size (>= 0).
+        epsilon: the step size (>= 0), in `epsilon_unit`s.
         views: "both" (target branch sees the perturbed embeddings too) or "online".
+        epsilon_unit: "absolute" or "embedding_rms" (see the module docstring).
     """
 
-    def __init__(self, mode: str = "previous", epsilon: float = 5e-9, views: str = "both"):
+    def __init__(self, mode: str = "previous", epsilon: float = 5e-9, views: str = "both",
+                 epsilon_unit: str = "absolute"):
         if mode not in FGSM_MODES:
             raise ValueError(f"Unknown fgsm_mode {mode!r}; choose one of {', '.join(FGSM_MODES)}.")
         if views not in FGSM_VIEWS:
             raise ValueError(f"Unknown fgsm_views {views!r}; choose one of {', '.join(FGSM_VIEWS)}.")
+        if epsilon_unit not in FGSM_EPSILON_UNITS:
+            raise ValueError(f"Unknown fgsm_epsilon_unit {epsilon_unit!r}; choose one of {', '.join(FGSM_EPSILON_UNITS)}.")
         if epsilon < 0:
             raise ValueError(f"fgsm_epsilon must be >= 0, got {epsilon!r}.")
-        self.mode, self.epsilon, self.views = mode, epsilon, views
+        self.mode, self.epsilon, self.views, self.epsilon_unit = mode, epsilon, views, epsilon_unit
         self.last_gradient_sign: torch.Tensor | None = None
+        self.last_step_size: torch.Tensor | float = epsilon
         self._warned_shape = False
 
     @property
     def perturb_target(self) -> bool:
         return self.views == "both"
 
-    def step(self, gradient: torch.Tensor) -> torch.Tensor:
-        """`(B, L, H)` -> epsilon * sign(gradient)."""
-        return self.epsilon * torch.sign(gradient)
+    def step_size(self, word_embeddings: torch.Tensor) -> torch.Tensor | float:
+        """The step for embeddings like `word_embeddings` `(B, L, H)`: epsilon, or epsilon x their RMS
+        (a 0-dim tensor, no host sync) for `epsilon_unit="embedding_rms"`."""
+        if self.epsilon_unit == "absolute":
+            return self.epsilon
+        return self.epsilon * word_embeddings.detach().float().pow(2).mean().sqrt()
+
+    def step(self, gradient: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        """`(B, L, H)` -> step * sign(gradient); `word_embeddings` `(B, L, H)` set the step for "embedding_rms"."""
+        if self.epsilon_unit != "absolute" and word_embeddings is None:
+            raise ValueError("fgsm_epsilon_unit='embedding_rms' needs the word embeddings to scale the step.")
+        size = self.epsilon if word_embeddings is None else self.step_size(word_embeddings)
+        return size * torch.sign(gradient)
 
     def previous_perturbation(self, word_embeddings_shape: torch.Size) -> torch.Tensor | None:
         """The "previous" perturbation for embeddings of this shape, or None (first step, other shape)."""
@@ -65,21 +89,24 @@ class FGSMPerturbation:
                 )
                 self._warned_shape = True
             return None
-        return self.epsilon * self.last_gradient_sign
+        return self.last_step_size * self.last_gradient_sign
 
     def track(self, word_embeddings: torch.Tensor) -> None:
-        """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` (mode "previous")."""
+        """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` (mode "previous"),
+        and the step size those embeddings call for."""
         if self.mode == "previous" and word_embeddings.requires_grad:
             word_embeddings.register_hook(self._store)
+            self.last_step_size = self.step_size(word_embeddings)
 
     def _store(self, gradient: torch.Tensor) -> None:
         self.last_gradient_sign = torch.sign(gradient.detach())
 
     def state_dict(self) -> dict:
-        return {"last_gradient_sign": self.last_gradient_sign}
+        return {"last_gradient_sign": self.last_gradient_sign, "last_step_size": self.last_step_size}
 
     def load_state_dict(self, state: dict) -> None:
         self.last_gradient_sign = state.get("last_gradient_sign")
+        self.last_step_size = state.get("last_step_size", self.epsilon)
 
 
 class EmbeddingAugmentation:

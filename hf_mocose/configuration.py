@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from .pooling import check_sentence_pooling
 
 METHODS = ("mocose", "simcse", "ifcl")
+HEAD_INITS = ("random", "identity")
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (
@@ -23,6 +24,7 @@ MODEL_CONFIG_FIELDS = (
     "predictor_layers",
     "predictor_dim",
     "head_dropout",
+    "head_init",
     "contrastive_temperature",
     "queue_size",
     "queue_init_size",
@@ -61,6 +63,9 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     predictor_dim = values.get("predictor_dim")
     if predictor_dim is not None and predictor_dim < 1:
         raise ValueError(f"predictor_dim must be >= 1 (or None for the hidden size), got {predictor_dim!r}.")
+    head_init = values.get("head_init", "random")
+    if head_init not in HEAD_INITS:
+        raise ValueError(f"Unknown head_init {head_init!r}; choose one of {', '.join(HEAD_INITS)}.")
     if not 0 <= values.get("head_dropout", 0.1) < 1:
         raise ValueError(f"head_dropout must be in [0, 1), got {values['head_dropout']!r}.")
     encoder_dropout = values.get("encoder_dropout")
@@ -96,6 +101,11 @@ class MoCoSEConfig(PretrainedConfig):
             Width of the predictor's hidden blocks; defaults to the encoder's hidden size.
         head_dropout (`float`, defaults to 0.1):
             Dropout in the projection and predictor blocks.
+        head_init (`str`, defaults to `"random"`):
+            Initialisation of the head Linears the checkpoint does not provide (projection, predictor, and the
+            pooler when the encoder has no pooler dense layer). `"random"`: normal(0, initializer_range), as the
+            paper and its reference code. `"identity"`: identity matrices and zero biases, so that at step 0 the
+            query is tanh(LayerNorm(key)) up to dropout instead of a random function of it (see docs/quality.md).
         contrastive_temperature (`float`, defaults to 0.05):
             InfoNCE temperature tau (named so that `generation_config` checks leave it alone).
         queue_size (`int`, defaults to 512):
@@ -128,6 +138,7 @@ class MoCoSEConfig(PretrainedConfig):
         predictor_layers: int = 2,
         predictor_dim: int | None = None,
         head_dropout: float = 0.1,
+        head_init: str = "random",
         contrastive_temperature: float = 0.05,
         queue_size: int = 512,
         queue_init_size: int = 128,
@@ -149,6 +160,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.predictor_layers = predictor_layers
         self.predictor_dim = predictor_dim
         self.head_dropout = head_dropout
+        self.head_init = head_init
         self.contrastive_temperature = contrastive_temperature
         self.queue_size = queue_size
         self.queue_init_size = queue_init_size

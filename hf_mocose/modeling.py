@@ -64,25 +64,54 @@ def _build_encoder(config: PretrainedConfig) -> PreTrainedModel:
     return encoder
 
 
-def _blocks(dims: list[int], dropout: float) -> list[nn.Module]:
+def head_linear(d_in: int, d_out: int, init: str = "random") -> nn.Linear:
+    """A head Linear(d_in, d_out); `init="identity"` marks it for `init_head_linear`'s identity init."""
+    linear = nn.Linear(d_in, d_out)
+    linear.head_init = init
+    init_head_linear(linear)
+    return linear
+
+
+@torch.no_grad()
+def init_head_linear(linear: nn.Linear, std: float = 0.02) -> None:
+    """Initialises a head Linear as it is marked: identity weight (`torch.nn.init.eye_`, also for
+    rectangular shapes) and zero bias for `"identity"`; normal(0, std) weight and zero bias otherwise."""
+    if linear.weight.is_meta:
+        return
+    if getattr(linear, "head_init", "random") == "identity":
+        nn.init.eye_(linear.weight)
+    else:
+        linear.weight.normal_(0.0, std)
+    if linear.bias is not None:
+        linear.bias.zero_()
+
+
+def _blocks(dims: list[int], dropout: float, init: str) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for d_in, d_out in zip(dims[:-1], dims[1:]):
-        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), nn.Dropout(dropout)]
+        layers += [head_linear(d_in, d_out, init), nn.LayerNorm(d_out), nn.Dropout(dropout)]
     return layers
 
 
-def build_projection(hidden: int, n_layers: int, dropout: float) -> nn.Sequential:
-    """`n_layers` blocks of Linear(h, h) + LayerNorm + Dropout; an empty Sequential (identity) for 0."""
-    return nn.Sequential(*_blocks([hidden] * (n_layers + 1), dropout))
+def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "random") -> nn.Sequential:
+    """`n_layers` blocks of Linear(h, h) + LayerNorm + Dropout; an empty Sequential (identity) for 0.
+
+    `init`: `"random"` or `"identity"` (see `MoCoSEConfig.head_init`).
+    """
+    return nn.Sequential(*_blocks([hidden] * (n_layers + 1), dropout, init))
 
 
-def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float) -> nn.Sequential:
-    """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0."""
+def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float, init: str = "random") -> nn.Sequential:
+    """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0.
+
+    With `init="identity"` the predictor starts as tanh(LayerNorm(x)) (one block) or the same through
+    more identity blocks: close to a pass-through of its (LayerNorm-ed) input, never a random map.
+    """
     if n_layers == 0:
         return nn.Sequential()
     width = width or hidden
     dims = [hidden] + [width] * (n_layers - 1)
-    return nn.Sequential(*_blocks(dims, dropout), nn.Linear(dims[-1], hidden), nn.Tanh())
+    return nn.Sequential(*_blocks(dims, dropout, init), head_linear(dims[-1], hidden, init), nn.Tanh())
 
 
 @dataclass
@@ -132,16 +161,16 @@ class MoCoSEModel(PreTrainedModel):
     def __init__(self, config: MoCoSEConfig):
         super().__init__(config)
         set_encoder_dropout(config.encoder_config, config.encoder_dropout)
-        hidden, dropout = config.hidden_size, config.head_dropout
+        hidden, dropout, init = config.hidden_size, config.head_dropout, config.head_init
         self.online_encoder = _build_encoder(config.encoder_config)
-        self.online_pooler = nn.Linear(hidden, hidden)
-        self.online_projection = build_projection(hidden, config.projection_layers, dropout)
+        self.online_pooler = head_linear(hidden, hidden, init)
+        self.online_projection = build_projection(hidden, config.projection_layers, dropout, init)
         if config.uses_target:
-            self.predictor = build_predictor(hidden, config.predictor_layers, config.predictor_dim, dropout)
+            self.predictor = build_predictor(hidden, config.predictor_layers, config.predictor_dim, dropout, init)
             self.target_encoder = _build_encoder(config.encoder_config)
             self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
-            self.target_pooler = nn.Linear(hidden, hidden)
-            self.target_projection = build_projection(hidden, config.projection_layers, dropout)
+            self.target_pooler = head_linear(hidden, hidden, init)
+            self.target_projection = build_projection(hidden, config.projection_layers, dropout, init)
         if config.uses_queue:
             self.queue = KeyQueue(config.queue_size, hidden, config.queue_init_size)
         if config.fraternal_vocab_size:
@@ -219,14 +248,17 @@ class MoCoSEModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         std = getattr(self.config.encoder_config, "initializer_range", 0.02)
         if isinstance(module, nn.Linear):
-            module.weight.data.normal_(0.0, std)
-            if module.bias is not None:
-                module.bias.data.zero_()
+            init_head_linear(module, std)  # encoder Linears are unmarked: normal(0, std)
         elif isinstance(module, nn.LayerNorm):
             module.weight.data.fill_(1.0)
             module.bias.data.zero_()
         elif isinstance(module, nn.Embedding):
             module.weight.data.normal_(0.0, std)
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
+        heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.uses_target else [])
+        return [p for module in heads for p in module.parameters() if p.requires_grad]
 
     # ----------------------------------------------------------------- target branch
     def target_modules(self) -> list[nn.Module]:

@@ -102,7 +102,8 @@ class MoCoSETrainer(Trainer):
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
-        self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views)
+        self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
+                                     args.fgsm_epsilon_unit)
         augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff)
         self.embedding_augmentation = augmentation if augmentation.active else None
         self.ema_callback = None
@@ -158,6 +159,25 @@ class MoCoSETrainer(Trainer):
         if plugin is not None and plugin.zero_stage == 3:
             raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
                              "unsharded parameters): use zero_stage 1 or 2 (configs/accelerate/zero2.yaml) or DDP.")
+
+    # ----------------------------------------------------------------- optimizer
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer, with the heads in their own groups at `head_learning_rate` (if set).
+
+        The heads (pooler, projection, predictor) start far from the pretrained encoder's optimum;
+        their groups copy the encoder groups' settings (weight decay) and follow the same schedule.
+        """
+        fresh = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if fresh and self.args.head_learning_rate is not None:
+            heads = {id(p) for p in self.accelerator.unwrap_model(self.model).head_parameters()}
+            for group in list(optimizer.param_groups):
+                head_params = [p for p in group["params"] if id(p) in heads]
+                if head_params:
+                    group["params"] = [p for p in group["params"] if id(p) not in heads]
+                    settings = {k: v for k, v in group.items() if k != "params"}
+                    optimizer.add_param_group({**settings, "params": head_params, "lr": self.args.head_learning_rate})
+        return optimizer
 
     # ----------------------------------------------------------------- loss
     @property
@@ -246,7 +266,7 @@ class MoCoSETrainer(Trainer):
             clean = unwrapped(**inputs, online_augmentation=self.embedding_augmentation)
             clean_loss, _ = self._contrastive_loss(unwrapped, clean)
             (gradient,) = torch.autograd.grad(clean_loss.loss, clean.word_embeddings)
-            perturbation = self.fgsm.step(gradient)
+            perturbation = self.fgsm.step(gradient, clean.word_embeddings)
         elif self.fgsm.mode == "previous":
             ids = inputs["input_ids"]
             perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))

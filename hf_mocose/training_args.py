@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .augmentation import FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
+from .augmentation import FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
-from .configuration import METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
+from .configuration import HEAD_INITS, METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
 from .pooling import SENTENCE_POOLING_MODES
 
 
@@ -33,6 +33,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
     predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = hidden size.
     head_dropout (`float`, defaults to `0.1`): *(model)* dropout in projection/predictor blocks.
+    head_init (`str`, defaults to `"random"`): *(model)* `random` (the paper's) or `identity` head Linears.
+    head_learning_rate (`float` or `None`, defaults to `None`): learning rate of the online heads (pooler,
+        projection, predictor); None = `learning_rate`.
     encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
     target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
     max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence (longer ones are truncated).
@@ -47,7 +50,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     > Parameters that control FGSM
 
     fgsm_mode (`str`, defaults to `"previous"`): `previous`, `exact` or `off`.
-    fgsm_epsilon (`float`, defaults to `5e-9`): FGSM step size.
+    fgsm_epsilon (`float`, defaults to `5e-9`): FGSM step size, in `fgsm_epsilon_unit`s.
+    fgsm_epsilon_unit (`str`, defaults to `"absolute"`): `absolute` (the paper's) or `embedding_rms` (a fraction of
+        the root-mean-square word-embedding entry of the batch).
     fgsm_views (`str`, defaults to `"both"`): perturb `both` branches or the `online` one only.
     pad_to_max_length (`bool` or `None`, defaults to `None`): pad every batch to `max_seq_length`;
         None = only when `fgsm_mode="previous"` needs equal shapes.
@@ -112,6 +117,14 @@ class MoCoSETrainingArguments(TrainingArguments):
     predictor_layers: int = field(default=2, metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."})
     predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default hidden size."})
     head_dropout: float = field(default=0.1, metadata={"help": "(model) Dropout in projection and predictor blocks."})
+    head_init: str = field(
+        default="random",
+        metadata={"help": f"(model) Head Linear initialisation: {', '.join(HEAD_INITS)} (random = the paper's)."},
+    )
+    head_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the online heads (pooler, projection, predictor); default learning_rate."},
+    )
     encoder_dropout: float | None = field(
         default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
     )
@@ -128,7 +141,12 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     # --- FGSM ---
     fgsm_mode: str = field(default="previous", metadata={"help": f"FGSM on word embeddings: {', '.join(FGSM_MODES)}."})
-    fgsm_epsilon: float = field(default=5e-9, metadata={"help": "FGSM step size epsilon >= 0."})
+    fgsm_epsilon: float = field(default=5e-9, metadata={"help": "FGSM step size epsilon >= 0, in fgsm_epsilon_unit."})
+    fgsm_epsilon_unit: str = field(
+        default="absolute",
+        metadata={"help": f"Unit of fgsm_epsilon: {', '.join(FGSM_EPSILON_UNITS)} (a fraction of the batch's "
+                  "root-mean-square word-embedding entry); absolute = the paper's."},
+    )
     fgsm_views: str = field(default="both", metadata={"help": f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}."})
     pad_to_max_length: bool | None = field(
         default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
@@ -169,7 +187,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     def __post_init__(self):
         validate_method_hparams(self.model_config_kwargs())
         validate_ema_decay(self.ema_decay_start, self.ema_decay_end)
-        FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views)  # validates
+        FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
+        if self.head_learning_rate is not None and not self.head_learning_rate > 0:
+            raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {self.head_learning_rate!r}.")
         if self.method == "simcse" and not self.in_batch_negatives:
             raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
         self._validate_family_settings()

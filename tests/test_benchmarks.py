@@ -92,7 +92,7 @@ def test_benchmark_train_smoke(tiny_encoder, corpus, tmp_path):
     written = json.loads(out.read_text())
     assert set(written["ms_per_step"]) == set(bench.VARIANTS)
     assert all(v > 0 for v in written["ms_per_step"].values())
-    for key in ("mocose_over_plain", "mocose_over_simcse", "mocose_throughput_over_st"):
+    for key in ("mocose_over_plain", "mocose_over_floor", "mocose_over_simcse", "mocose_throughput_over_st"):
         assert written[key] > 0
     assert written["steps_timed"]["mocose_previous"] == 2
     assert 0 < written["ema_fraction_of_step"]["mocose_previous"] < 1
@@ -112,18 +112,36 @@ def test_benchmark_train_memory_probe(tiny_encoder, corpus, tmp_path):
 
 def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     quality = _load("benchmark_quality")
-    out = tmp_path / "quality.json"
+    senteval = tmp_path / "senteval"
+    (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
+    (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    out, table = tmp_path / "quality.json", tmp_path / "quality.md"
+    variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl"]
     summary = quality.main([
-        "--model", tiny_encoder, "--corpus", corpus, "--stsb_dev", sts_dev, "--budget_minutes", "0.002",
-        "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
+        "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
+        "--seeds", "0", "1", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
         "--max_train_samples", "64", "--output_dir", str(tmp_path / "runs"), "--json", str(out),
+        "--markdown", str(table), "--save_models", "--clock", "cpu", "--variants", *variants,
     ])
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(summary))
-    for key in ("before", "mocose", "simcse", "st_mnrl"):
-        assert -100 <= written[key] <= 100
-    for method in ("mocose", "simcse", "st_mnrl"):
-        assert len(written["per_seed"][method]) == 1
-        (checkpoint,) = written["checkpoints"][method]
-        assert Path(checkpoint).is_dir()
-        assert written["details"][method][0]["steps"] >= 1
+    assert written["tasks"] == ["stsb_dev"]  # only the sets present are scored
+    assert -100 <= written["before"]["stsb_dev"] <= 100
+    assert list(written["variants"]) == ["mocose", "mocose_identity_head_lr", "custom", "simcse", "st_mnrl"]
+    assert written["variants"]["custom"]["overrides"] == {"method": "mocose", "head_init": "identity", "fgsm_mode": "off"}
+    for name, entry in written["variants"].items():
+        assert len(entry["stsb_dev"]["per_seed"]) == 2 and entry["stsb_dev"]["std"] >= 0
+        assert all(steps >= 1 for steps in entry["steps"])
+        for run in written["details"][name]:
+            assert Path(run["checkpoint"]).is_dir()
+    assert "| custom |" in table.read_text()
+
+
+def test_quality_variant_specs():
+    quality = _load("benchmark_quality")
+    assert quality.parse_variant("simcse") == ("simcse", {"method": "simcse", "fgsm_mode": "off"})
+    assert quality.parse_variant("x:head_learning_rate=1e-3,fgsm_mode=off,predictor_dim=none,queue_size=64") == (
+        "x", {"method": "mocose", "head_learning_rate": 1e-3, "fgsm_mode": "off", "predictor_dim": None,
+              "queue_size": 64})
+    with pytest.raises(SystemExit, match="unknown variant 'nope'"):
+        quality.parse_variant("nope")

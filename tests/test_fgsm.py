@@ -96,3 +96,46 @@ def test_bad_fgsm_settings(tmp_path, kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         tiny_training_args(tmp_path, **kwargs)
+
+
+def test_embedding_rms_unit_scales_the_step_to_the_embeddings(tiny_encoder, tmp_path, monkeypatch):
+    settings = {**NO_DROPOUT, "fgsm_epsilon": 0.1}
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="exact", fgsm_epsilon_unit="embedding_rms", **settings)
+    model = trainer.model.train()
+    inputs = _batch(trainer)
+    seen = _recording(trainer, monkeypatch)
+    trainer.compute_loss(model, inputs)
+    word = model.online_encoder.get_input_embeddings()(inputs["input_ids"])
+    rms = word.detach().pow(2).mean().sqrt()
+    step = seen[1].abs()
+    # every entry moves by 10 % of the batch's RMS entry (where the gradient is non-zero)
+    assert torch.allclose(step[step > 0], 0.1 * rms)
+    assert step.max() > 1e3 * 5e-9  # the paper's absolute 5e-9 would be invisible next to it
+
+
+def test_embedding_rms_unit_in_previous_mode_and_resume_state(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="previous", fgsm_epsilon_unit="embedding_rms",
+                           **{**NO_DROPOUT, "fgsm_epsilon": 0.1})
+    model = trainer.model.train()
+    batches = iter(trainer.get_train_dataloader())
+    seen = _recording(trainer, monkeypatch)
+    first = next(batches)
+    trainer.compute_loss(model, first).backward()
+    word = model.online_encoder.get_input_embeddings()(first["input_ids"]).detach()
+    first_sign = trainer.fgsm.last_gradient_sign.clone()
+    second = next(batches)
+    trainer.compute_loss(model, second).backward()
+    # the step of batch 2 is sized by batch 1's embeddings, with batch 1's gradient sign
+    assert torch.allclose(seen[-1], 0.1 * word.pow(2).mean().sqrt() * first_sign)
+    # checkpointed per rank: the sign and the step size of the same (latest) batch travel together
+    state = trainer.fgsm.state_dict()
+    second_word = model.online_encoder.get_input_embeddings()(second["input_ids"]).detach() + seen[-1]
+    assert torch.allclose(torch.as_tensor(state["last_step_size"]), 0.1 * second_word.pow(2).mean().sqrt())
+    assert not torch.equal(state["last_gradient_sign"], first_sign)
+
+
+def test_unknown_epsilon_unit_is_refused(tmp_path):
+    from conftest import tiny_training_args
+
+    with pytest.raises(ValueError, match="fgsm_epsilon_unit 'percent'"):
+        tiny_training_args(tmp_path, fgsm_epsilon_unit="percent")

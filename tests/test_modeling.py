@@ -137,3 +137,36 @@ def test_distilbert_encoder(tmp_path):
     model = MoCoSEModel.from_pretrained(path, **SMALL)
     ids, mask = _batch()
     assert model(input_ids=ids, attention_mask=mask).query.shape == (3, 32)
+
+
+def test_identity_head_init_makes_the_query_a_squashed_key(tiny_encoder):
+    """head_init=identity: without dropout the step-0 query is tanh(LayerNorm(key)), not a random map of it."""
+    model = MoCoSEModel.from_pretrained(tiny_encoder, head_init="identity", encoder_dropout=0.0, head_dropout=0.0, **SMALL)
+    model.train()
+    ids, mask = _batch(n=5)
+    out = model(input_ids=ids, attention_mask=mask)
+    assert torch.allclose(out.query, torch.tanh(out.key), atol=1e-5)  # the key is a LayerNorm output already
+    for linear in [*model.online_projection, *model.predictor]:
+        if isinstance(linear, torch.nn.Linear):
+            assert torch.equal(linear.weight, torch.eye(32)) and not linear.bias.any()
+    # the pooler still comes from the checkpoint when it has one
+    plain = AutoModel.from_pretrained(tiny_encoder)
+    assert torch.equal(model.online_pooler.weight, plain.pooler.dense.weight)
+
+
+def test_random_head_init_is_the_default_and_survives_save_load(tiny_encoder, tmp_path):
+    model = MoCoSEModel.from_pretrained(tiny_encoder, **SMALL)
+    assert model.config.head_init == "random"
+    assert not torch.equal(model.predictor[0].weight, torch.eye(32))
+    identity = MoCoSEModel.from_pretrained(tiny_encoder, head_init="identity", predictor_dim=48, **SMALL)
+    assert identity.predictor[0].weight.shape == (48, 32)
+    assert torch.equal(identity.predictor[0].weight, torch.eye(48, 32))  # rectangular identity
+    identity.save_pretrained(tmp_path / "m")
+    reloaded = MoCoSEModel.from_pretrained(tmp_path / "m")
+    assert reloaded.config.head_init == "identity"
+    assert torch.equal(reloaded.predictor[0].weight, identity.predictor[0].weight)
+
+
+def test_unknown_head_init_is_refused(tiny_encoder):
+    with pytest.raises(ValueError, match="head_init 'zeros'"):
+        MoCoSEModel.from_pretrained(tiny_encoder, head_init="zeros", **SMALL)

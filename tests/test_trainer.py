@@ -144,3 +144,27 @@ def test_model_config_wins_over_differing_arguments(tiny_encoder, tmp_path, capl
     model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=10, queue_init_size=3, max_seq_length=16)
     MoCoSETrainer(model=model, args=tiny_training_args(tmp_path, queue_size=12))
     assert "'queue_size': (12, 10)" in caplog.text
+
+
+def test_head_learning_rate_puts_heads_in_their_own_groups(tiny_encoder, tmp_path):
+    trainer = make_trainer(tiny_encoder, tmp_path, head_learning_rate=0.5, learning_rate=1e-3, max_steps=2)
+    trainer.train()
+    model = trainer.model
+    heads = {id(p) for p in model.head_parameters()}
+    assert heads and len(heads) == sum(p.numel() > 0 for p in model.head_parameters())
+    groups = trainer.optimizer.param_groups
+    for group in groups:
+        ids = {id(p) for p in group["params"]}
+        assert ids <= heads or not ids & heads  # no group mixes heads and encoder
+        expected = 0.5 if ids & heads else 1e-3
+        assert group["initial_lr"] == expected
+    covered = {id(p) for g in groups for p in g["params"]}
+    assert heads <= covered and id(model.online_encoder.embeddings.word_embeddings.weight) in covered
+    assert all(id(p) not in covered for m in model.target_modules() for p in m.parameters())
+
+
+def test_head_learning_rate_must_be_positive(tmp_path):
+    from conftest import tiny_training_args
+
+    with pytest.raises(ValueError, match="head_learning_rate"):
+        tiny_training_args(tmp_path, head_learning_rate=0.0)
