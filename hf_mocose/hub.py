@@ -241,9 +241,8 @@ def publish_final_model(
         raise ValueError("push_to_hub is set but there is no repo id: set hub_model_id to 'namespace/name'.")
     export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
-        repo_id=repo_id, corpus=corpus,
-        datasets=datasets, training_args=args, global_batch_size=getattr(trainer, "global_batch_size", None),
-        train_runtime=runtime, hardware=describe_hardware(args),
+        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
+        global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
     if push:

@@ -68,8 +68,7 @@ def run_export(args: argparse.Namespace) -> int:
             validate_repo_id(args.repo_id)
     out = export_to_sentence_transformers(
         args.checkpoint, args.output_dir, overwrite=args.overwrite, max_seq_length=args.max_seq_length,
-        eval_results=args.eval_results,
-        write_card=not args.no_card, **card_kwargs,
+        eval_results=args.eval_results, write_card=not args.no_card, **card_kwargs,
     )
     print(f"Exported {args.checkpoint} to {out} (load it with SentenceTransformer({str(out)!r})).")
     return 0

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None) -> int | None:
-    """The `max_seq_length` that `SentenceTransformer(name_or_path)` would use, or None.
+    """The `max_seq_length` a sentence-transformers model (folder or Hub id) declares, or None.
 
     None when `name_or_path` is not a sentence-transformers model (no `modules.json`) or cannot be
     read (a folder that no longer exists, a Hub id while offline). Read from the Transformer
