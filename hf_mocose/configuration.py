@@ -117,13 +117,18 @@ class MoCoSEConfig(PretrainedConfig):
         target_dropout (`bool`, defaults to `True`):
             Whether the target branch runs with dropout while training (the reference code does).
         max_seq_length (`int`, defaults to 32):
-            Token length used in training; exported with the model.
+            Token length used in training. The export truncates at the inference length instead (see
+            `base_max_seq_length` and `hf_mocose.sequence_length`).
         encoder_dropout (`float`, *optional*, defaults to 0.1):
             Dropout probability set on the encoder (hidden and attention); `None` keeps the checkpoint's.
         fraternal_vocab_size (`int`, *optional*):
             IFCL: vocabulary size of the fraternal (second-language) embedding table; None = no fraternal view.
         fraternal_fusion (`float`, defaults to 0.5):
             IFCL: fusion rate epsilon of the fraternal view's input, epsilon * y + (1 - epsilon) * y_fraternal.
+        base_max_seq_length (`int`, *optional*):
+            The base encoder's own sentence-transformers `max_seq_length` (256 for all-MiniLM-L6-v2), recorded
+            by `MoCoSEModel.from_encoder` so the export can use it without the base model folder; None when the
+            base model has none (the export then uses the encoder's position limit).
     """
 
     model_type = "mocose"
@@ -148,6 +153,7 @@ class MoCoSEConfig(PretrainedConfig):
         encoder_dropout: float | None = 0.1,
         fraternal_vocab_size: int | None = None,
         fraternal_fusion: float = 0.5,
+        base_max_seq_length: int | None = None,
         **kwargs,
     ):
         if isinstance(encoder_config, dict):
@@ -170,6 +176,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.encoder_dropout = encoder_dropout
         self.fraternal_vocab_size = fraternal_vocab_size
         self.fraternal_fusion = fraternal_fusion
+        self.base_max_seq_length = base_max_seq_length
         validate_method_hparams({name: getattr(self, name) for name in MODEL_CONFIG_FIELDS})
         super().__init__(**kwargs)
 

@@ -1,16 +1,20 @@
 """Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only).
 
-    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--eval_results results.json]
+    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
 
 The exported folder is built from sentence-transformers' own modules and written by its own
 `save`, so it is exactly what `SentenceTransformer(OUTPUT_DIR)` expects:
 
-    Transformer (online encoder + tokenizer, max_seq_length from training)
+    Transformer (online encoder + tokenizer, max_seq_length: the inference length, see below)
       -> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean)
       -> Dense (the online pooler Linear, identity activation)   only for cls_dense
 
 The target branch, key queue, projection and predictor heads are training machinery and are
 left out, as is any optimizer state.
+
+`max_seq_length` is what the encoder supports at inference, not the (short) training length:
+the base model's own sentence-transformers setting, else the encoder's position limit, or the
+value given (`hf_mocose.sequence_length.inference_max_seq_length`).
 """
 
 from __future__ import annotations
@@ -25,16 +29,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .sequence_length import inference_max_seq_length
+
 logger = logging.getLogger(__name__)
 
-# Sentences used to check an export against the checkpoint it came from: short and long ones,
-# so truncation at max_seq_length and padding inside a batch are both exercised.
+# Short sentences used to check an export against the checkpoint it came from; `probe_sentences`
+# adds long ones built for the lengths at hand.
 PROBE_SENTENCES = (
     "A man is playing a guitar.",
-    "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. " * 4,
     "Momentum contrast keeps a queue of negative keys.",
     "hi",
 )
+_PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
 # sentence_pooling -> sentence-transformers Pooling mode (cls_dense is CLS followed by a Dense).
 POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
@@ -105,10 +111,11 @@ def _encoder_load_kwargs(encoder: nn.Module) -> dict:
     return {}
 
 
-def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike):
+def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike, max_seq_length: int):
     """Builds the `SentenceTransformer` equivalent of `model.embed` from sentence-transformers modules.
 
-    `staging_dir` receives the encoder and tokenizer, which the `Transformer` module loads from.
+    `staging_dir` receives the encoder and tokenizer, which the `Transformer` module loads from;
+    the model truncates its inputs at `max_seq_length` tokens.
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
@@ -120,7 +127,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike)
     tokenizer.save_pretrained(staging_dir)
     transformer = Transformer(
         str(staging_dir),
-        max_seq_length=config.max_seq_length,
+        max_seq_length=max_seq_length,
         model_kwargs=model_kwargs or None,
     )
     hidden = config.hidden_size
@@ -141,37 +148,51 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike)
     return st_model.eval(), model_kwargs
 
 
-@torch.no_grad()
-def reference_embeddings(model, tokenizer, sentences, batch_size: int = 32) -> torch.Tensor:
-    """`model.embed` for `sentences`: what the export must reproduce (truncation at max_seq_length)."""
-    model.eval()
-    out = []
-    for start in range(0, len(sentences), batch_size):
-        batch = tokenizer(
-            list(sentences[start : start + batch_size]),
-            padding=True,
-            truncation=True,
-            max_length=model.config.max_seq_length,
-            return_tensors="pt",
-        )
-        out.append(model.embed(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")))
-    return torch.cat(out)
+def reference_embeddings(model, tokenizer, sentences, max_length: int, batch_size: int = 32) -> torch.Tensor:
+    """`model.embed` for `sentences`, truncated at `max_length` tokens: what an export with that
+    `max_seq_length` must reproduce. Returns `(len(sentences), hidden)` float32 on the CPU."""
+    from .evaluation.encoders import encode_with_model
+
+    return encode_with_model(model, tokenizer, list(sentences), batch_size=batch_size, max_length=max_length)
 
 
-def verify_export(export_dir: str | os.PathLike, model, tokenizer, atol: float = 1e-5) -> float:
-    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed`.
+def _sentence_of_at_least(tokenizer, n_tokens: int) -> str:
+    """A probe sentence that tokenises to at least `n_tokens` tokens (special tokens included)."""
+    per_paragraph = len(tokenizer(_PROBE_PARAGRAPH)["input_ids"])
+    return (_PROBE_PARAGRAPH * (n_tokens // max(per_paragraph - 2, 1) + 1)).strip()
 
-    Returns the max abs difference; raises `RuntimeError` above `atol` (a broken export must not
-    be published).
+
+def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> list[str]:
+    """Sentences to compare an export with its checkpoint on: the short `PROBE_SENTENCES` (padding in a
+    batch), one about twice the training length (truncation at the training length would show) and
+    one longer than `max_seq_length` (truncation at exactly `max_seq_length` is exercised)."""
+    long_ones = [_sentence_of_at_least(tokenizer, 2 * training_length), _sentence_of_at_least(tokenizer, max_seq_length + 8)]
+    return [PROBE_SENTENCES[0], long_ones[0], *PROBE_SENTENCES[1:], long_ones[1]]
+
+
+def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
+    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`.
+
+    The probes include sentences longer than the training length and than `max_seq_length`, so an
+    export that truncates anywhere else fails. Returns the max abs difference; raises `RuntimeError`
+    above `atol`, or when the reloaded model's `max_seq_length` is not `max_seq_length` (a broken
+    export must not be published).
     """
     from sentence_transformers import SentenceTransformer
 
     reloaded = SentenceTransformer(str(export_dir), device="cpu")
-    sentences = list(PROBE_SENTENCES)
+    sentences = probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length)
     exported = reloaded.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
-    diff = (exported.cpu() - reference_embeddings(model, tokenizer, sentences)).abs().max().item()
+    diff = (exported.cpu() - reference_embeddings(model, tokenizer, sentences, max_seq_length)).abs().max().item()
     if diff > atol:
-        raise RuntimeError(f"Export {str(export_dir)!r} differs from the checkpoint by {diff:.3g} (> {atol}).")
+        raise RuntimeError(
+            f"Export {str(export_dir)!r} differs from the checkpoint's embed() at max_seq_length {max_seq_length} "
+            f"by {diff:.3g} (> {atol})."
+        )
+    if reloaded.max_seq_length != max_seq_length:
+        raise RuntimeError(
+            f"Export {str(export_dir)!r} truncates at {reloaded.max_seq_length} tokens, expected {max_seq_length}."
+        )
     return diff
 
 
@@ -193,6 +214,7 @@ def export_to_sentence_transformers(
     output_dir: str | os.PathLike,
     overwrite: bool = False,
     *,
+    max_seq_length: int | None = None,
     eval_results: str | os.PathLike | dict | None = None,
     write_card: bool = True,
     verify: bool = True,
@@ -205,9 +227,12 @@ def export_to_sentence_transformers(
         output_dir: the folder to write; must be absent or empty unless `overwrite`.
         overwrite: replace a non-empty `output_dir` (its old contents are removed, so no stale
             module folder survives).
+        max_seq_length: tokens the exported model truncates its inputs at. Default: the base
+            model's sentence-transformers `max_seq_length`, else the encoder's position limit (see
+            `hf_mocose.sequence_length`); not the training length.
         eval_results: evaluation JSON (path or dict) whose STS results go into the model card.
         write_card: write README.md from the `model_cards/` template (see `write_model_card`).
-        verify: reload the export and check it matches `model.embed` within 1e-5.
+        verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
         **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template...).
 
     Returns:
@@ -216,12 +241,15 @@ def export_to_sentence_transformers(
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     model, tokenizer = load_mocose_checkpoint(checkpoint)
     _check_output_dir(output_dir, checkpoint, overwrite)
+    max_seq_length, source = inference_max_seq_length(model.config, tokenizer, max_seq_length)
+    logger.info("Export max_seq_length: %d tokens (%s; training used %d).", max_seq_length, source,
+                model.config.max_seq_length)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     # Build next to the target and swap at the end: a failed export leaves the old folder intact.
     staging = output_dir.parent / f".{output_dir.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # (not tempfile.mkdtemp: its 0700 mode would stick to the published folder)
     try:
-        st_model, model_kwargs = build_sentence_transformer(model, tokenizer, staging)
+        st_model, model_kwargs = build_sentence_transformer(model, tokenizer, staging, max_seq_length)
         st_model.save(str(staging), create_model_card=False)
         if model_kwargs:
             # sentence-transformers reads `model_kwargs` from this file when loading but does not
@@ -231,7 +259,7 @@ def export_to_sentence_transformers(
             module_config["model_kwargs"] = model_kwargs
             config_path.write_text(json.dumps(module_config, indent=2) + "\n", encoding="utf-8")
         if verify:
-            diff = verify_export(staging, model, tokenizer)
+            diff = verify_export(staging, model, tokenizer, max_seq_length)
             logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
         if write_card:
             from .model_card import write_model_card

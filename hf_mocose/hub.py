@@ -215,6 +215,7 @@ def publish_final_model(
     corpus: str | None = None,
     datasets: list[str] | tuple[str, ...] = (),
     push: bool | None = None,
+    max_seq_length: int | None = None,
     **card_kwargs,
 ) -> Path | None:
     """End-of-training publishing: export, card and (with `push_to_hub`) upload.
@@ -222,7 +223,8 @@ def publish_final_model(
     Exports `final_dir` (the saved MoCoSE model) to `export_dir` (default
     `<output_dir>/sentence-transformers`), writes the card with the live run's facts (global
     batch size, hardware, wall time, hyper-parameters) and, when `args.push_to_hub` (or `push`),
-    uploads the export to the repo root and `final_dir` to `mocose/`. Runs on the main process
+    uploads the export to the repo root and `final_dir` to `mocose/`. `max_seq_length` is the
+    export's inference length (default: see `export_to_sentence_transformers`). Runs on the main process
     only; returns the export folder there, None elsewhere. `card_kwargs` go to `write_model_card`
     (e.g. `base_model="sentence-transformers/all-MiniLM-L6-v2"` when training started from a local copy).
     """
@@ -238,9 +240,9 @@ def publish_final_model(
     if push and not repo_id:
         raise ValueError("push_to_hub is set but there is no repo id: set hub_model_id to 'namespace/name'.")
     export_to_sentence_transformers(
-        final_dir, export_dir, overwrite=True, eval_results=eval_results, repo_id=repo_id, corpus=corpus,
-        datasets=datasets, training_args=args, global_batch_size=getattr(trainer, "global_batch_size", None),
-        train_runtime=runtime, hardware=describe_hardware(args),
+        final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
+        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
+        global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
     if push:

@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .sequence_length import sentence_transformers_max_seq_length
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "mocose.md.j2"
@@ -91,7 +93,7 @@ OPTIONAL_TRAINING_FIELDS = ("queue_slice", "target_mtd", "token_shuffle", "token
 MODEL_FIELDS = {
     "method": "method",
     "sentence_pooling": "sentence pooling (exported)",
-    "max_seq_length": "max sequence length",
+    "max_seq_length": "training sequence length (tokens)",
     "contrastive_temperature": "temperature τ",
     "queue_size": "queue size K",
     "queue_init_size": "initial queue size K_s (random keys)",
@@ -385,7 +387,8 @@ def render_model_card(
         base_model=base_for_paper,  # a local folder name would mean nothing to readers
         method_name={"mocose": "MoCoSE", "simcse": "SimCSE"}.get(details["method"], details["method"]),
         sentence_pooling=pooling,
-        max_seq_length=next((v for k, v in details["model_rows"] if k == "max sequence length"), None),
+        max_seq_length=sentence_transformers_max_seq_length(export_dir),  # what the export truncates at
+        training_max_seq_length=next((v for k, v in details["model_rows"] if k == MODEL_FIELDS["max_seq_length"]), None),
         embedding_dim=encoder_config.get("hidden_size") or encoder_config.get("dim"),
         has_dense=any(m.get("path") == "2_Dense" or m.get("type", "").endswith(".Dense") for m in modules),
         encoder_kwargs=st_config.get("model_kwargs") or {},

@@ -219,6 +219,10 @@ class MoCoSEModel(PreTrainedModel):
         if model.config.uses_target:
             model.copy_online_to_target()
         model.config.encoder_config._name_or_path = str(encoder_name_or_path)
+        # The export's inference length; recorded now because the base folder may be gone at export time.
+        from .sequence_length import sentence_transformers_max_seq_length
+
+        model.config.base_max_seq_length = sentence_transformers_max_seq_length(encoder_name_or_path)
         return model
 
     @classmethod

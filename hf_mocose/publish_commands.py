@@ -1,6 +1,7 @@
 """The `export` and `push` sub-commands of `hf-mocose` (registered through `register(subparsers)`).
 
-    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--eval_results results.json] [--repo_id user/name]
+    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
+                     [--repo_id user/name]
     hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--commit_message MSG] [--dry_run]
 """
 
@@ -21,6 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("checkpoint", help="MoCoSE checkpoint folder (e.g. <output_dir>/final).")
     export.add_argument("output_dir", help="Folder to write; must be absent or empty unless --overwrite.")
     export.add_argument("--overwrite", action="store_true", help="Replace a non-empty OUTPUT_DIR.")
+    export.add_argument("--max_seq_length", type=int, default=None,
+                        help="Tokens the exported model truncates its inputs at (default: the base model's "
+                        "sentence-transformers max_seq_length, else the encoder's position limit; not the training "
+                        "length).")
     export.add_argument("--eval_results", default=None, help="Evaluation JSON (hf-mocose evaluate) for the card.")
     export.add_argument("--repo_id", default=None, help="Hub repo the card's usage snippets should name.")
     export.add_argument("--base_model", default=None, help="Hub id of the starting encoder (default: from the config).")
@@ -62,8 +67,8 @@ def run_export(args: argparse.Namespace) -> int:
 
             validate_repo_id(args.repo_id)
     out = export_to_sentence_transformers(
-        args.checkpoint, args.output_dir, overwrite=args.overwrite, eval_results=args.eval_results,
-        write_card=not args.no_card, **card_kwargs,
+        args.checkpoint, args.output_dir, overwrite=args.overwrite, max_seq_length=args.max_seq_length,
+        eval_results=args.eval_results, write_card=not args.no_card, **card_kwargs,
     )
     print(f"Exported {args.checkpoint} to {out} (load it with SentenceTransformer({str(out)!r})).")
     return 0

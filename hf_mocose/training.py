@@ -21,6 +21,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from .data import load_sentences, tokenize_fraternal, tokenize_sentences
 from .hub import publish_final_model
 from .modeling import MoCoSEModel
+from .sequence_length import inference_max_seq_length
 from .trainer import MoCoSETrainer
 from .training_args import MoCoSETrainingArguments
 
@@ -65,6 +66,14 @@ class ScriptArguments:
         metadata={
             "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card "
             "(and upload it to the repo root with push_to_hub)."
+        },
+    )
+    export_max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens the exported sentence-transformers model truncates its inputs at (default: the base "
+            "model's sentence-transformers max_seq_length, else the encoder's position limit). Training itself "
+            "truncates at max_seq_length."
         },
     )
 
@@ -159,6 +168,8 @@ def main(argv: list[str] | None = None) -> str:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path} if script_args.fraternal_column else {}
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs(), **fraternal)
+    if script_args.export_sentence_transformers:  # a bad export length fails now, not after training
+        inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):
         sentences = load_sentences(
             script_args.train_file,
@@ -201,6 +212,7 @@ def main(argv: list[str] | None = None) -> str:
         card_kwargs = {"base_model": MINILM_HUB_ID} if script_args.model_name_or_path == BUILTIN_MINILM else {}
         export_dir = publish_final_model(
             trainer, final_dir, eval_results=metrics, corpus=script_args.train_file or script_args.dataset_name,
+            max_seq_length=script_args.export_max_seq_length,
             datasets=[script_args.dataset_name] if script_args.dataset_name else (), **card_kwargs,
         )
     if trainer.is_world_process_zero():

@@ -38,7 +38,8 @@ class MoCoSETrainingArguments(TrainingArguments):
         projection, predictor); None = `learning_rate`.
     encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
     target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
-    max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence (longer ones are truncated).
+    max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence in training (longer ones are truncated);
+        the sentence-transformers export uses the encoder's inference length instead (`export_max_seq_length`).
 
     > Parameters that control the queue and the target
 
@@ -129,7 +130,11 @@ class MoCoSETrainingArguments(TrainingArguments):
         default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
     )
     target_dropout: bool = field(default=True, metadata={"help": "(model) Run the target branch with dropout in training."})
-    max_seq_length: int = field(default=32, metadata={"help": "(model) Tokens per sentence; longer ones are truncated."})
+    max_seq_length: int = field(
+        default=32,
+        metadata={"help": "(model) Tokens per sentence in training; longer ones are truncated. The sentence-transformers "
+                  "export truncates at the encoder's inference length instead (see export_max_seq_length)."},
+    )
 
     # --- Queue and EMA target ---
     queue_size: int = field(default=512, metadata={"help": "(model) K: capacity of the negative-key queue."})

@@ -117,7 +117,7 @@ def test_main_end_to_end_tiny(tiny_encoder, tmp_path, capsys):
     final = main(["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
                   "--per_device_train_batch_size", "8", "--max_steps", "3", "--queue_size", "16", "--queue_init_size", "4",
                   "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no", "--save_steps", "2",
-                  "--disable_tqdm", "true"])
+                  "--disable_tqdm", "true", "--max_seq_length", "16", "--export_max_seq_length", "48"])
     out = capsys.readouterr().out
     assert f"Saved the final MoCoSE checkpoint to {final}" in out
     assert "No STS-B dev score" in out
@@ -133,7 +133,24 @@ def test_main_end_to_end_tiny(tiny_encoder, tmp_path, capsys):
     assert (export / "modules.json").is_file() and (export / "README.md").is_file()
     from sentence_transformers import SentenceTransformer
 
-    assert SentenceTransformer(str(export)).encode(["a sentence"]).shape == (1, 32)
+    st_model = SentenceTransformer(str(export))
+    assert st_model.encode(["a sentence"]).shape == (1, 32)
+    assert st_model.max_seq_length == 48 and model.config.max_seq_length == 16  # inference length, training length
+    assert "48 tokens at inference (longer inputs are truncated); training used 16 tokens" in (export / "README.md").read_text()
+
+
+def test_export_length_default_and_bad_value_fails_before_training(tiny_encoder, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    argv = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "16",
+            "--per_device_train_batch_size", "8", "--max_steps", "1", "--queue_size", "16", "--queue_init_size", "4",
+            "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true"]
+    with pytest.raises(ValueError, match="max_seq_length 4096 for the export is out of range.*128"):
+        main([*argv, "--output_dir", str(tmp_path / "bad"), "--export_max_seq_length", "4096"])
+    assert not (tmp_path / "bad" / "final").exists()  # refused before training, not after
+    main([*argv, "--output_dir", str(tmp_path / "ok")])
+    # tiny encoder: no sentence-transformers config, 128 position embeddings; training used 32 (the default)
+    assert SentenceTransformer(str(tmp_path / "ok" / "sentence-transformers")).max_seq_length == 128
 
 
 def test_interrupted_run_resumes_from_last_checkpoint(tiny_encoder, tmp_path, monkeypatch):

@@ -11,17 +11,21 @@ from conftest import run_cli
 import torch
 
 from hf_mocose import MoCoSEModel, cli
-from hf_mocose.export import export_to_sentence_transformers, reference_embeddings
+from hf_mocose.export import export_to_sentence_transformers, probe_sentences, reference_embeddings, verify_export
 
 POOLINGS = ("cls", "cls_dense", "mean")
-# Mixed lengths: the long one is truncated at max_seq_length, the short ones are padded in a batch.
+# Mixed lengths: short ones padded in a batch; one longer than the training length MAX_LEN (~66 tokens), one
+# longer than the export's max_seq_length (~154 tokens), truncated there.
 TEXTS = [
     "A man is playing a guitar.",
     "A woman slices an onion in the kitchen while the radio plays an old song about the sea and the wind " * 3,
     "Two dogs run.",
-    "Contrastive learning with a momentum encoder and a queue of negatives.",
+    "Contrastive learning with a momentum encoder and a queue of negatives, " * 11,
 ]
-MAX_LEN = 16
+MAX_LEN = 16  # the training length
+# The tiny encoder has no sentence-transformers config: the export uses its position limit,
+# min(tokenizer model_max_length 512, max_position_embeddings 128).
+INFERENCE_LEN = 128
 
 
 def make_checkpoint(encoder_path: str, folder: Path, **config) -> tuple[MoCoSEModel, object]:
@@ -58,12 +62,17 @@ def test_sentence_transformer_reproduces_embed(exports, pooling):
     from sentence_transformers import SentenceTransformer
 
     model, tokenizer, folder = exports[pooling]
+    lengths = [len(ids) for ids in tokenizer(TEXTS)["input_ids"]]
+    assert lengths[1] > MAX_LEN and lengths[3] > INFERENCE_LEN  # longer than training, longer than the export
     st_model = SentenceTransformer(str(folder), device="cpu")
+    assert st_model.max_seq_length == INFERENCE_LEN  # the encoder's limit, not the training length
     got = st_model.encode(TEXTS, convert_to_tensor=True, batch_size=2)
-    want = reference_embeddings(model, tokenizer, TEXTS)
+    want = reference_embeddings(model, tokenizer, TEXTS, max_length=INFERENCE_LEN)
     assert got.shape == want.shape == (len(TEXTS), model.config.hidden_size)
     assert (got.cpu() - want).abs().max().item() < 1e-5
-    assert st_model.max_seq_length == MAX_LEN
+    # The comparison can tell the lengths apart: embed() at the training length differs on the long texts.
+    at_training_length = reference_embeddings(model, tokenizer, TEXTS, max_length=MAX_LEN)
+    assert (got.cpu() - at_training_length)[[1, 3]].abs().amax(dim=1).min().item() > 1e-3
     assert st_model.similarity_fn_name == "cosine"
 
 
@@ -80,7 +89,7 @@ def test_folder_layout(exports, pooling):
     if pooling == "cls_dense":
         dense = json.loads((folder / "2_Dense" / "config.json").read_text())
         assert dense["activation_function"] == "torch.nn.modules.linear.Identity"
-    assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == MAX_LEN
+    assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == INFERENCE_LEN
     assert not list(folder.parent.glob(".st-*staging*"))  # no staging folder left behind
 
 
@@ -154,6 +163,115 @@ def test_minilm_export_matches(minilm, tmp_path):
     model, tokenizer = make_checkpoint(minilm, tmp_path / "ckpt", sentence_pooling="mean", queue_size=16,
                                        queue_init_size=4, max_seq_length=32)
     folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", base_model="sentence-transformers/all-MiniLM-L6-v2")
-    got = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
-    assert (got.cpu() - reference_embeddings(model, tokenizer, TEXTS)).abs().max().item() < 1e-5
-    assert (folder / "README.md").is_file()
+    st_model = SentenceTransformer(str(folder), device="cpu")
+    assert st_model.max_seq_length == 256  # all-MiniLM-L6-v2's own sentence_bert_config.json; training used 32
+    got = st_model.encode(TEXTS, convert_to_tensor=True)
+    assert (got.cpu() - reference_embeddings(model, tokenizer, TEXTS, max_length=256)).abs().max().item() < 1e-5
+    assert "256 tokens at inference (longer inputs are truncated); training used 32" in (folder / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------- max_seq_length at inference
+def save_sentence_transformers_base(encoder_path: str, folder: Path, max_seq_length: int, legacy: bool) -> str:
+    """A sentence-transformers model around `encoder_path` that truncates at `max_seq_length`.
+
+    legacy: the length is in sentence_bert_config.json and the tokenizer says 512, as in all-MiniLM-L6-v2;
+    otherwise it is only the tokenizer's model_max_length, as sentence-transformers >= 6 saves it.
+    """
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    transformer = Transformer(encoder_path, max_seq_length=max_seq_length)
+    SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")], device="cpu").save(str(folder))
+    if legacy:
+        for name, key, value in (("sentence_bert_config.json", "max_seq_length", max_seq_length),
+                                 ("tokenizer_config.json", "model_max_length", 512)):
+            config = json.loads((folder / name).read_text())
+            config[key] = value
+            (folder / name).write_text(json.dumps(config))
+    assert SentenceTransformer(str(folder), device="cpu").max_seq_length == max_seq_length
+    return str(folder)
+
+
+@pytest.mark.parametrize("legacy", [True, False], ids=["sentence_bert_config", "tokenizer_config"])
+def test_base_models_length_is_recorded_and_exported_after_the_base_is_gone(tiny_encoder, tmp_path, legacy):
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    base = save_sentence_transformers_base(tiny_encoder, tmp_path / "base", 40, legacy)
+    model, tokenizer = make_checkpoint(base, tmp_path / "ckpt", queue_size=8, queue_init_size=4, max_seq_length=MAX_LEN)
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["base_max_seq_length"] == 40
+    shutil.rmtree(base)  # e.g. exported on another machine: the recorded value is enough
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", write_card=False)
+    st_model = SentenceTransformer(str(folder), device="cpu")
+    assert st_model.max_seq_length == 40
+    got = st_model.encode(TEXTS, convert_to_tensor=True)
+    assert (got.cpu() - reference_embeddings(model, tokenizer, TEXTS, max_length=40)).abs().max().item() < 1e-5
+
+
+def test_checkpoint_without_recorded_length_reads_the_base_else_uses_the_position_limit(tiny_encoder, tmp_path):
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    base = save_sentence_transformers_base(tiny_encoder, tmp_path / "base", 40, legacy=True)
+    make_checkpoint(base, tmp_path / "ckpt", queue_size=8, queue_init_size=4, max_seq_length=MAX_LEN)
+    config_path = tmp_path / "ckpt" / "config.json"
+    config = json.loads(config_path.read_text())
+    del config["base_max_seq_length"]  # a checkpoint written before the length was recorded
+    config_path.write_text(json.dumps(config))
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", write_card=False)
+    assert SentenceTransformer(str(folder), device="cpu").max_seq_length == 40  # read from encoder_config._name_or_path
+    shutil.rmtree(base)
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", overwrite=True, write_card=False)
+    assert SentenceTransformer(str(folder), device="cpu").max_seq_length == INFERENCE_LEN
+
+
+def test_max_seq_length_flag_and_bad_values(exports, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    model, tokenizer, folder = exports["mean"]
+    checkpoint = folder.parent / "ckpt-mean"
+    code, _, err = run_cli(["export", str(checkpoint), str(tmp_path / "st"), "--max_seq_length", "48"], capsys)
+    assert code == 0, err
+    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert st_model.max_seq_length == 48
+    got = st_model.encode(TEXTS, convert_to_tensor=True)
+    assert (got.cpu() - reference_embeddings(model, tokenizer, TEXTS, max_length=48)).abs().max().item() < 1e-5
+    card = (tmp_path / "st" / "README.md").read_text()
+    assert f"48 tokens at inference (longer inputs are truncated); training used {MAX_LEN} tokens" in card
+    assert "as in training" not in card
+    for bad in ("1", str(INFERENCE_LEN + 1)):
+        code, _, err = run_cli(["export", str(checkpoint), str(tmp_path / f"bad{bad}"), "--max_seq_length", bad], capsys)
+        assert code == 2 and f"max_seq_length {bad}" in err and str(INFERENCE_LEN) in err
+        assert not (tmp_path / f"bad{bad}").exists()
+
+
+def test_verify_export_catches_truncation_at_the_training_length(exports, tmp_path):
+    import shutil
+
+    model, tokenizer, folder = exports["cls"]
+    lengths = sorted(len(ids) for ids in tokenizer(probe_sentences(tokenizer, INFERENCE_LEN, MAX_LEN))["input_ids"])
+    assert lengths[-2] >= 2 * MAX_LEN and lengths[-1] > INFERENCE_LEN
+    assert verify_export(folder, model, tokenizer, INFERENCE_LEN) < 1e-5
+    old_style = shutil.copytree(folder, tmp_path / "old-style")
+    config = json.loads((old_style / "tokenizer_config.json").read_text())
+    config["model_max_length"] = MAX_LEN  # what exports made before truncated at
+    (old_style / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeError, match=rf"differs from the checkpoint's embed\(\) at max_seq_length {INFERENCE_LEN}"):
+        verify_export(old_style, model, tokenizer, INFERENCE_LEN)
+
+
+def test_position_limit_minds_roberta_offset_and_tokenizer_sentinel(tmp_path):
+    from conftest import build_tiny_encoder
+    from sentence_transformers import SentenceTransformer
+
+    from hf_mocose.sequence_length import inference_max_seq_length
+
+    roberta = build_tiny_encoder(tmp_path / "roberta", model_type="roberta")  # 128 position embeddings
+    model, tokenizer = make_checkpoint(roberta, tmp_path / "ckpt", queue_size=8, queue_init_size=4, max_seq_length=MAX_LEN)
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", write_card=False)  # verified on long probes
+    assert SentenceTransformer(str(folder), device="cpu").max_seq_length == 126  # RoBERTa reserves padding_idx + 1
+    tokenizer.model_max_length = int(1e30)  # transformers' "no limit" sentinel
+    assert inference_max_seq_length(model.config, tokenizer) == (126, "the encoder's position limit")
+    assert inference_max_seq_length(model.config, tokenizer, 64) == (64, "given explicitly")

@@ -226,7 +226,8 @@ def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(f
 
     run_dir = export_dir.parent
     trainer = fake_trainer(run_dir, ema_decay_end=0.95, per_device_train_batch_size=8)
-    exported = publish_final_model(trainer, run_dir / "ckpt", corpus="wiki1m", base_model="google-bert/bert-base-uncased")
+    exported = publish_final_model(trainer, run_dir / "ckpt", corpus="wiki1m", base_model="google-bert/bert-base-uncased",
+                                   max_seq_length=40)
     assert exported == run_dir / "sentence-transformers"
     repo = fake_hub.files[("alice/run", "main")]
     root = {k: v for k, v in repo.items() if "/" not in k or k.split("/")[0] in ("1_Pooling", "2_Dense")}
@@ -237,6 +238,9 @@ def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(f
     assert "(B = 16 sentences per optimizer step)" in card and "**Hardware:** 2 x CPU processes" in card
     assert "**Wall time:** 1m 05s" in card and 'SentenceTransformer("alice/run")' in card
     assert TOKEN not in card and "base_model: google-bert/bert-base-uncased" in card
+    # The uploaded export truncates at the inference length asked for, not the training length (32), and says so.
+    assert json.loads(repo["tokenizer_config.json"])["model_max_length"] == 40
+    assert "40 tokens at inference (longer inputs are truncated); training used 32 tokens" in card
 
 
 @pytest.mark.parametrize("strategy, folder", [("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-10"),

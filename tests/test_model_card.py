@@ -96,6 +96,25 @@ def test_partial_average_is_labelled_and_not_compared(run):
     assert {r.dataset_type for r in card.data.eval_results} == {"sts12", "stsb", "sts-partial-avg"}
 
 
+# Longer than the training length (16) and than the export's max_seq_length (128, the tiny encoder's limit).
+LONG_SENTENCES = [
+    "A woman slices an onion in the kitchen while the radio plays an old song about the sea and the wind " * 3,
+    "Contrastive learning with a momentum encoder and a queue of negatives, " * 11,
+    "Two dogs run.",
+]
+
+
+def run_card_snippet(text: str, model_dir: str, sentences: list[str] | None = None) -> dict:
+    """Executes the card's transformers-only snippet (optionally on other sentences); returns its variables."""
+    code = re.search(r"### transformers only.*?```python\n(.*?)```", text, re.S).group(1)
+    if sentences is not None:
+        code, n = re.subn(r"^sentences = \[.*\]$", f"sentences = {sentences!r}", code, flags=re.M)
+        assert n == 1, code
+    namespace = {}
+    exec(code.replace("path/to/st-export", model_dir), namespace)  # noqa: S102 - our own rendered snippet
+    return namespace
+
+
 @pytest.mark.parametrize("pooling", ["cls_dense", "mean"])
 def test_transformers_snippet_reproduces_sentence_transformers(run, tiny_encoder, tmp_path, pooling):
     from sentence_transformers import SentenceTransformer
@@ -106,15 +125,41 @@ def test_transformers_snippet_reproduces_sentence_transformers(run, tiny_encoder
     model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling=pooling, queue_size=8, queue_init_size=4,
                                      max_seq_length=16)
     model.save_pretrained(tmp_path / "ckpt")
-    AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(tmp_path / "ckpt")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
+    tokenizer.save_pretrained(tmp_path / "ckpt")
     export = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st-export", verify=False)
     text = (export / "README.md").read_text()
-    code = re.search(r"### transformers only.*?```python\n(.*?)```", text, re.S).group(1)
-    assert 'model_dir = "path/to/st-export"' in code
-    namespace = {}
-    exec(code.replace("path/to/st-export", str(export)), namespace)  # noqa: S102 - our own rendered snippet
-    want = SentenceTransformer(str(export), device="cpu").encode(namespace["sentences"], convert_to_tensor=True)
+    assert 'model_dir = "path/to/st-export"' in text and "max_length=128" in text
+    st_model = SentenceTransformer(str(export), device="cpu")
+    assert st_model.max_seq_length == 128
+    assert max(len(ids) for ids in tokenizer(LONG_SENTENCES)["input_ids"]) > 128
+    for sentences in (None, LONG_SENTENCES):  # the card's own sentences, then long ones
+        namespace = run_card_snippet(text, str(export), sentences)
+        want = st_model.encode(namespace["sentences"], convert_to_tensor=True)
+        assert (namespace["embeddings"] - want.cpu()).abs().max().item() < 1e-5
+
+
+def test_hub_snippet_reproduces_sentence_transformers_on_long_inputs(run, tmp_path, monkeypatch):
+    import huggingface_hub
+    from sentence_transformers import SentenceTransformer
+
+    out, export, _ = run
+    text = str(render_model_card(export, out / "final", repo_id="alice/mocose-tiny"))
+    assert 'snapshot_download("alice/mocose-tiny")' in text and "max_length=128" in text  # not the training 16
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(export))  # the Hub, offline
+    namespace = run_card_snippet(text, str(export), LONG_SENTENCES)
+    want = SentenceTransformer(str(export), device="cpu").encode(LONG_SENTENCES, convert_to_tensor=True)
     assert (namespace["embeddings"] - want.cpu()).abs().max().item() < 1e-5
+
+
+def test_card_states_inference_and_training_lengths(run):
+    out, export, _ = run
+    text = render_model_card(export, out / "final").text
+    assert "| Max sequence length | 128 tokens at inference (longer inputs are truncated); training used 16 tokens" in text
+    assert "| training sequence length (tokens) | 16 |" in text
+    assert "Inputs longer than 128 tokens are truncated" in text
+    assert "Training saw only the first 16 tokens of each sentence" in text
+    assert "as in training" not in text and "the training length; longer texts" not in text
 
 
 def test_card_without_results_or_training_run(run, tmp_path):
