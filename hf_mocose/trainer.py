@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at
+from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .collator import ContrastiveCollator
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
@@ -108,7 +108,7 @@ class MoCoSETrainer(Trainer):
         self.embedding_augmentation = augmentation if augmentation.active else None
         self.ema_callback = None
         if config.uses_target:
-            self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end)
+            self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
             self.add_callback(self.ema_callback)
         self._pending_keys: torch.Tensor | None = None
         self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
@@ -133,8 +133,8 @@ class MoCoSETrainer(Trainer):
                 f"{args.world_size} processes): use at least 2 sentences per step."
             )
         if args.target_mtd is not None:
-            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size,
-                                   args.ema_decay_start, args.ema_decay_end)
+            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size, *ema_decay_range(
+                args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
         if config.method == "ifcl" and args.ifcl_forgetting:
             batches = math.ceil(config.queue_size / self.keys_per_enqueue)
             if args.ifcl_forgetting * batches >= 1:
@@ -191,7 +191,9 @@ class MoCoSETrainer(Trainer):
         return self.args.per_device_train_batch_size * self.args.world_size
 
     def current_decay(self) -> float:
-        return ema_decay_at(self.state.global_step, self.state.max_steps, self.args.ema_decay_start, self.args.ema_decay_end)
+        args = self.args
+        return ema_decay_at(self.state.global_step, self.state.max_steps, args.ema_decay_start, args.ema_decay_end,
+                            args.ema_decay_horizon)
 
     def queue_window(self, decay: float | None = None) -> int | None:
         """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit).

@@ -46,7 +46,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     queue_size (`int`, defaults to `512`): *(model)* K, the queue capacity.
     queue_init_size (`int`, defaults to `128`): *(model)* K_s, random unit vectors the queue starts with.
     ema_decay_start (`float`, defaults to `0.75`): eta at the first optimizer step.
-    ema_decay_end (`float`, defaults to `0.95`): eta at the last optimizer step (cosine ramp between).
+    ema_decay_end (`float`, defaults to `0.95`): eta at the end of the cosine ramp.
+    ema_decay_horizon (`int` or `None`, defaults to `None`): optimizer steps the ramp takes; None = the run
+        length (the paper's setting). The reference code's schedule is start 0.75, end 1.0, horizon 15000.
 
     > Parameters that control FGSM
 
@@ -141,7 +143,12 @@ class MoCoSETrainingArguments(TrainingArguments):
     queue_init_size: int = field(default=128, metadata={"help": "(model) K_s: random unit vectors the queue starts with."})
     ema_decay_start: float = field(default=0.75, metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."})
     ema_decay_end: float = field(
-        default=0.95, metadata={"help": "EMA decay eta at the last step (cosine ramp); 1.0 reproduces the reference code."}
+        default=0.95, metadata={"help": "EMA decay eta at the end of the cosine ramp, in [0, 1]."}
+    )
+    ema_decay_horizon: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps the cosine ramp takes, eta staying at ema_decay_end after; default: the "
+                  "run length. The reference code's schedule: start 0.75, end 1.0, horizon 15000."},
     )
 
     # --- FGSM ---
@@ -191,7 +198,7 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         validate_method_hparams(self.model_config_kwargs())
-        validate_ema_decay(self.ema_decay_start, self.ema_decay_end)
+        validate_ema_decay(self.ema_decay_start, self.ema_decay_end, self.ema_decay_horizon)
         FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
         if self.head_learning_rate is not None and not self.head_learning_rate > 0:
             raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {self.head_learning_rate!r}.")
