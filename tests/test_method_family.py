@@ -272,6 +272,30 @@ def test_una_sentences_as_anchors_go_through_the_query_branch(tiny_encoder):
     assert plain.negative_queries is None
 
 
+def test_una_statistics_count_the_given_paraphrases_too(tiny_encoder, tmp_path):
+    """As the UNA reference with paraphrasing: one TF-IDF document per sentence and one per paraphrase."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.data import tokenize_sentences
+    from hf_mocose.trainer import MoCoSETrainer
+
+    args = tiny_training_args(tmp_path, **UNA_ARGS)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
+    texts = [f"sentence {i} about cats" for i in range(8)]
+    paraphrases = [f"zebra paraphrase number {i}" for i in range(8)]
+    dataset = tokenize_sentences(Dataset.from_dict({"text": texts, "positive_text": paraphrases}), tokenizer, 16,
+                                 keep_text=True)
+    trainer = MoCoSETrainer(model=MoCoSEModel.from_pretrained(tiny_encoder, **args.model_config_kwargs()), args=args,
+                            train_dataset=dataset, processing_class=tokenizer)
+    statistics = trainer.data_collator.una_augmenter.statistics
+    assert statistics.n_documents == 16 and "zebra" in statistics.word_to_id
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert {"positive_input_ids", "negative_input_ids"} <= set(batch) and "positive_text" not in batch
+    trainer.compute_loss(trainer.model.train(), batch)
+
+
 def test_una_paper_usage_needs_in_batch_negatives(tmp_path):
     with pytest.raises(ValueError, match="una_usage='paper' .* in_batch_negatives=True"):
         tiny_training_args(tmp_path, method="ifcl", in_batch_negatives=False, **UNA_ARGS)
