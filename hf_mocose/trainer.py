@@ -74,7 +74,8 @@ class MoCoSETrainer(Trainer):
     Args:
         model: a `MoCoSEModel`.
         args: `MoCoSETrainingArguments`.
-        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text` for UNA).
+        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text`, and any
+            `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
         processing_class: the tokenizer (also used to encode the STS sentences and hard negatives).
         **kwargs: passed to `Trainer`.
@@ -210,7 +211,7 @@ class MoCoSETrainer(Trainer):
                                    self.accelerator.unwrap_model(self.model).config.queue_size)
 
     def _gather(self, tensor: torch.Tensor, config) -> torch.Tensor:
-        """Gathers key-branch outputs `(n, D)` from every process: detached targets for MoCoSE, with gradient otherwise."""
+        """Gathers key-branch outputs `(n, D)` of all processes: detached for MoCoSE's target, else with gradient."""
         if config.uses_target:
             return self.accelerator.gather(tensor.detach().contiguous())
         return gather_with_grad(tensor.contiguous())
