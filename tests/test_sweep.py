@@ -65,28 +65,23 @@ def test_smoke_sweep_runs_and_tabulates(tiny_encoder, tmp_path):
         assert "stsb_dev" in table.splitlines()[0]
 
 
-def test_table8_grid_uses_the_papers_batch_and_the_small_batch_grid_is_a_named_extra(tmp_path):
+def _parsed_runs(path, tmp_path):
     from hf_mocose.training import parse_args
 
+    _, base, runs = load_sweep(path, tmp_path)
+    return {run.name: parse_args([str(REPO / base), *run.command(base, "x", [])[3:]])[1] for run in runs}
+
+
+def test_table8_grid_uses_the_papers_batch_and_the_small_batch_grid_is_a_named_extra(tmp_path):
     ablations = REPO / "training_args" / "ablations"
-    name, base, runs = load_sweep(ablations / "table8-queue-slices.yaml", tmp_path)
-    assert name == "table8-queue-slices" and len(runs) == 5
-    for run in runs:  # the paper's Table 8: batch 256 with a 1024-key queue (4 batches of keys)
-        flags = run.command(base, "accelerate launch", [])[3:]
-        _, args = parse_args([str(REPO / flags[0]), *flags[1:]])
-        assert (args.per_device_train_batch_size, args.queue_size, args.queue_init_size) == (256, 1024, 1024)
+    runs = _parsed_runs(ablations / "table8-queue-slices.yaml", tmp_path)
+    assert len(runs) == 5  # the paper's Table 8: batch 256 with a 1024-key queue (4 batches of keys)
+    assert {(a.per_device_train_batch_size, a.queue_size, a.queue_init_size) for a in runs.values()} == {(256, 1024, 1024)}
     extra = sorted(p.name for p in ablations.glob("table8-*.yaml") if p.name != "table8-queue-slices.yaml")
     assert extra == ["table8-queue-slices-batch64-extra.yaml"]
     name, _, runs = load_sweep(ablations / extra[0], tmp_path)
     assert name.endswith("-extra") and {r.overrides["per_device_train_batch_size"] for r in runs} == {64}
     assert "not in the paper" in (ablations / extra[0]).read_text()
-
-
-def _parsed_runs(path, tmp_path):
-    from hf_mocose.training import parse_args
-
-    name, base, runs = load_sweep(path, tmp_path)
-    return {run.name: parse_args([str(REPO / base), *run.command(base, "x", [])[3:]])[1] for run in runs}
 
 
 def test_recipes_and_grids_say_which_seed_setting_they_reproduce(tmp_path):
