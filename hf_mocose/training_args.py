@@ -179,7 +179,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     target_mtd: float | None = field(
         default=None, metadata={"help": "Hold the maximum traceable distance at this value (MoCoSE only)."}
     )
-    token_shuffle: bool = field(default=False, metadata={"help": "Shuffle token positions of the online view."})
+    token_shuffle: bool = field(
+        default=False, metadata={"help": "Shuffle token positions of the views that augmentation_views names."}
+    )
     token_cutoff: float = field(default=0.0, metadata={"help": "Rate of whole token embeddings zeroed, in [0, 1)."})
     feature_cutoff: float = field(default=0.0, metadata={"help": "Rate of embedding dimensions zeroed, in [0, 1)."})
     augmentation_views: str = field(
