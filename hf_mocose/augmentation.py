@@ -27,6 +27,7 @@ import torch
 FGSM_MODES = ("previous", "exact", "off")
 FGSM_VIEWS = ("both", "online")
 FGSM_EPSILON_UNITS = ("absolute", "embedding_rms")
+AUGMENTATION_VIEWS = ("both", "online")
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,9 @@ class FGSMPerturbation:
 
 
 class EmbeddingAugmentation:
-    """MoCoSE Table 5's augmentations on the online word embeddings, vectorised over the batch.
+    """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch.
+
+    Never applied at evaluation time: `MoCoSEModel.embed` takes no augmentation.
 
     Args:
         shuffle: permute the token positions of each sentence ([CLS] and padding stay put),
@@ -118,18 +121,30 @@ class EmbeddingAugmentation:
         token_cutoff: rate of whole token vectors zeroed (never [CLS] or padding).
         feature_cutoff: rate of embedding dimensions zeroed, the same dimensions for every token of a sentence.
         generator: optional `torch.Generator` for reproducible draws.
+        views: one of `AUGMENTATION_VIEWS`: `"both"` augments the online view and the key view (the
+            target, or SimCSE/IFCL's second dropout view), each with its own draw, as the reference code
+            does; `"online"` the online view only.
     """
 
-    def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None):
+    def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None,
+                 views: str = "both"):
         for name, rate in (("token_cutoff", token_cutoff), ("feature_cutoff", feature_cutoff)):
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate!r}.")
+        if views not in AUGMENTATION_VIEWS:
+            raise ValueError(f"Unknown augmentation_views {views!r}; choose one of {', '.join(AUGMENTATION_VIEWS)}.")
         self.shuffle, self.token_cutoff, self.feature_cutoff = shuffle, token_cutoff, feature_cutoff
-        self.generator = generator
+        self.generator, self.views = generator, views
 
     @property
     def active(self) -> bool:
         return self.shuffle or self.token_cutoff > 0 or self.feature_cutoff > 0
+
+    def forward_kwargs(self) -> dict:
+        """`MoCoSEModel.forward` arguments that apply these augmentations to the chosen views."""
+        if not self.active:
+            return {}
+        return {"online_augmentation": self, "key_augmentation": self if self.views == "both" else None}
 
     def _rand(self, *shape, device) -> torch.Tensor:
         return torch.rand(*shape, generator=self.generator).to(device) if self.generator else torch.rand(*shape, device=device)

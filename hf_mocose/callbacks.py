@@ -11,24 +11,41 @@ import math
 import torch
 from transformers import TrainerCallback
 
+# The reference code (xbdxwyh/mocose, class EMA) ramps eta over this many steps whatever the run length.
+REFERENCE_EMA_HORIZON = 15000
 
 
-def validate_ema_decay(start: float, end: float) -> None:
+def validate_ema_decay(start: float, end: float, horizon: int | None = None) -> None:
     for name, value in (("ema_decay_start", start), ("ema_decay_end", end)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ValueError(f"ema_decay_horizon must be a whole number of optimizer steps >= 1 (or None for the "
+                         f"run length), got {horizon!r}.")
 
 
-def ema_decay_at(step: int, total_steps: int, start: float, end: float) -> float:
+def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon: int | None = None) -> float:
     r"""The cosine-ramped EMA decay :math:`\eta(t) = \eta_{end} - (\eta_{end} - \eta_{start})(\cos(\pi t/T) + 1)/2`.
 
-    `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T = `total_steps`.
-    `start == end` gives a constant decay.
+    `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T and stays there.
+    T is `horizon` when given (the reference code's fixed 15,000 steps), else `total_steps`, the run
+    length. `start == end` gives a constant decay.
     """
-    if total_steps <= 0:
+    length = total_steps if horizon is None else horizon
+    if length <= 0:
         return end
-    t = min(max(step, 0), total_steps)
-    return end - (end - start) * (math.cos(math.pi * t / total_steps) + 1) / 2
+    t = min(max(step, 0), length)
+    return end - (end - start) * (math.cos(math.pi * t / length) + 1) / 2
+
+
+def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: int) -> tuple[float, float]:
+    """Smallest and largest eta a run of `max_steps` optimizer steps applies.
+
+    Without a horizon (or with `max_steps` not known yet, <= 0) the ramp is taken to span `start..end`;
+    a horizon longer than the run stops the ramp short of `end`.
+    """
+    last = end if horizon is None or max_steps <= 0 else ema_decay_at(max_steps - 1, max_steps, start, end, horizon)
+    return min(start, last), max(start, last)
 
 
 class EMATargetCallback(TrainerCallback):
@@ -39,19 +56,20 @@ class EMATargetCallback(TrainerCallback):
 
     Args:
         model: the (unwrapped) `MoCoSEModel`.
-        decay_start, decay_end: eta at the first and last optimizer step.
+        decay_start, decay_end: eta at the first step and at the end of the ramp.
+        horizon: optimizer steps the ramp takes (None: the run's `max_steps`).
     """
 
-    def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95):
-        validate_ema_decay(decay_start, decay_end)
-        self.decay_start, self.decay_end = decay_start, decay_end
+    def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
+        validate_ema_decay(decay_start, decay_end, horizon)
+        self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon
         online_p, target_p, online_b, target_b = model.ema_parameter_pairs()
         self._online_params, self._target_params = online_p, target_p
         self._online_buffers, self._target_buffers = online_b, target_b
         self.last_decay: float | None = None
 
     def decay_at(self, step: int, total_steps: int) -> float:
-        return ema_decay_at(step, total_steps, self.decay_start, self.decay_end)
+        return ema_decay_at(step, total_steps, self.decay_start, self.decay_end, self.horizon)
 
     @torch.no_grad()
     def update(self, decay: float) -> None:

@@ -8,6 +8,9 @@ import numpy as np
 import torch
 from transformers import DataCollatorWithPadding
 
+# Raw sentences kept beside the tokens for UNA (the anchors, and given positives for its statistics).
+TEXT_COLUMNS = ("text", "positive_text")
+
 
 class ContrastiveCollator:
     """Pads tokenised sentences; with a UNA augmenter, also tokenises each sentence's hard negative.
@@ -36,9 +39,10 @@ class ContrastiveCollator:
 
     def __call__(self, features: list[dict]) -> dict:
         texts = [feature["text"] for feature in features] if "text" in features[0] else None
-        fixed = [k for k in features[0] if k.startswith("fraternal_")]  # already padded to max_length
-        positive = [k for k in features[0] if k.startswith("positive_")]  # padded on their own
-        own = [k for k in features[0] if k != "text" and k not in fixed and k not in positive]
+        tokens = [k for k in features[0] if k not in TEXT_COLUMNS]
+        fixed = [k for k in tokens if k.startswith("fraternal_")]  # already padded to max_length
+        positive = [k for k in tokens if k.startswith("positive_")]  # padded on their own
+        own = [k for k in tokens if k not in fixed and k not in positive]
         batch = self.padder([{k: f[k] for k in own} for f in features])
         for name in fixed:
             batch[name] = torch.tensor([feature[name] for feature in features])

@@ -101,7 +101,8 @@ def tokenize_sentences(
     """Tokenises the `text` column once with `Dataset.map` (cached); over-long sentences are truncated.
 
     Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
-    keeps the sentences beside the tokens (hard negatives are made from the text).
+    keeps the sentences (and given positives' text) beside the tokens: hard negatives are made from
+    the text, and UNA's TF-IDF statistics count both.
     """
     def encode(batch):
         encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
@@ -110,7 +111,7 @@ def tokenize_sentences(
             encoded.update({f"positive_{name}": values for name, values in positives.items()})
         return encoded
 
-    removed = [c for c in ("text", "positive_text") if c in dataset.column_names and not (keep_text and c == "text")]
+    removed = [] if keep_text else [c for c in ("text", "positive_text") if c in dataset.column_names]
     return dataset.map(
         encode,
         batched=True,

@@ -66,7 +66,8 @@ CITATIONS = {
 # Training-argument fields shown in the card, with their labels (model fields come from config.json).
 TRAINING_FIELDS = {
     "ema_decay_start": "EMA decay η at the first step",
-    "ema_decay_end": "EMA decay η at the last step (cosine ramp)",
+    "ema_decay_end": "EMA decay η at the end of the cosine ramp",
+    "ema_decay_horizon": "EMA ramp length (optimizer steps)",
     "fgsm_mode": "FGSM mode",
     "fgsm_epsilon": "FGSM epsilon",
     "fgsm_views": "FGSM perturbed branches",
@@ -84,12 +85,14 @@ TRAINING_FIELDS = {
     "token_shuffle": "token shuffle",
     "token_cutoff": "token cutoff rate",
     "feature_cutoff": "feature cutoff rate",
+    "augmentation_views": "views the embedding augmentations reach",
     "hard_negatives": "hard negatives",
     "una_frequency": "UNA negatives every f steps",
+    "una_usage": "UNA sentences used as",
 }
 # Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
-OPTIONAL_TRAINING_FIELDS = ("queue_slice", "target_mtd", "token_shuffle", "token_cutoff", "feature_cutoff",
-                            "hard_negatives")
+OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "token_shuffle", "token_cutoff",
+                            "feature_cutoff", "hard_negatives")
 MODEL_FIELDS = {
     "method": "method",
     "sentence_pooling": "sentence pooling (exported)",
@@ -241,6 +244,9 @@ def collect_training_details(
     train = {k: v for k, v in train.items() if k not in OPTIONAL_TRAINING_FIELDS or v not in (None, False, 0, 0.0)}
     if train.get("hard_negatives") is None:
         train.pop("una_frequency", None)
+        train.pop("una_usage", None)
+    if not any(train.get(name) for name in ("token_shuffle", "token_cutoff", "feature_cutoff")):
+        train.pop("augmentation_views", None)
     train_rows = [(TRAINING_FIELDS[name], value) for name, value in train.items()]
     batch_assumed = global_batch_size is None
     if batch_assumed and "per_device_train_batch_size" in train:

@@ -128,6 +128,8 @@ class MoCoSEOutput(ModelOutput):
         fraternal_query: `(B, D)` IFCL's fraternal view h- (the fused translation input), or None.
         input_embeddings: `(2, B, H)` masked means of the anchor's and the fraternal view's input
             embeddings (IFCL's Twins margin), or None.
+        negative_queries: `(U, D)` the hard negatives through the query branch when they are anchors too
+            (UNA as in its paper), or None.
     """
 
     query: torch.Tensor | None = None
@@ -136,6 +138,7 @@ class MoCoSEOutput(ModelOutput):
     negative_keys: torch.Tensor | None = None
     fraternal_query: torch.Tensor | None = None
     input_embeddings: torch.Tensor | None = None
+    negative_queries: torch.Tensor | None = None
 
 
 def _masked_mean(embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -323,6 +326,7 @@ class MoCoSEModel(PreTrainedModel):
         embedding_perturbation: torch.Tensor | None = None,
         perturb_target: bool = True,
         online_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        key_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         negative_input_ids: torch.Tensor | None = None,
         negative_attention_mask: torch.Tensor | None = None,
         negative_token_type_ids: torch.Tensor | None = None,
@@ -331,6 +335,7 @@ class MoCoSEModel(PreTrainedModel):
         positive_input_ids: torch.Tensor | None = None,
         positive_attention_mask: torch.Tensor | None = None,
         positive_token_type_ids: torch.Tensor | None = None,
+        negatives_as_anchors: bool = False,
     ) -> MoCoSEOutput:
         """Runs both views of a batch (and its hard negatives, if any).
 
@@ -341,17 +346,21 @@ class MoCoSEModel(PreTrainedModel):
             embedding_perturbation: `(B, L, H)` added to the online word embeddings (FGSM), or None.
             perturb_target: whether the target branch sees the perturbed embeddings too.
             online_augmentation: `f(embeddings (B, L, H), attention_mask (B, L)) -> (B, L, H)` applied to the
-                online view's word embeddings (token shuffle / cutoff); the target sees them without it.
+                online view's word embeddings (token shuffle / cutoff).
+            key_augmentation: the same for the key view (target branch or second dropout view), drawn
+                independently; None leaves the keys' embeddings clean.
             negative_input_ids, negative_attention_mask, negative_token_type_ids: `(U, L')` hard negatives,
                 encoded like keys: by the target branch for "mocose", by the online branch otherwise.
             fraternal_input_ids, fraternal_attention_mask: `(B, L)` IFCL's fraternal text in the fraternal
                 vocabulary, padded to the same L as `input_ids`; fused position by position with the anchor.
             positive_input_ids, positive_attention_mask, positive_token_type_ids: `(B, L'')` a given positive of
                 each sentence (e.g. a paraphrase); the key is then computed from it instead of the sentence itself.
+            negatives_as_anchors: also pass the hard negatives through the query branch (`negative_queries`):
+                UNA as in its paper, where each augmented sentence is an anchor with its own positive too.
 
         Returns:
-            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)` and
-            `negative_keys` `(U, D)` or None.
+            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)`,
+            `negative_keys` `(U, D)` or None and `negative_queries` `(U, D)` or None.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -359,31 +368,40 @@ class MoCoSEModel(PreTrainedModel):
         clean = embed_tokens(input_ids)
         word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
 
-        def online(embeddings, mask, types, augment=True):
-            if augment and online_augmentation is not None:
-                embeddings = online_augmentation(embeddings, mask)
+        def online(embeddings, mask, types, augmentation=online_augmentation):
+            if augmentation is not None:
+                embeddings = augmentation(embeddings, mask)
             return self._online_head(self._encode_cls(self.online_encoder, embeddings, mask, types))
+
+        def query_branch(embeddings, mask, types):
+            query = online(embeddings, mask, types)
+            return self.predictor(query) if self.config.uses_target else query
 
         def key_branch(embeddings, mask, types):
             """Keys: the EMA target (no gradient) for MoCoSE, a second online dropout view otherwise."""
             if not self.config.uses_target:
-                return online(embeddings, mask, types)
+                return online(embeddings, mask, types, key_augmentation)
             with torch.no_grad():
-                return self._target_head(self._encode_cls(self.target_encoder, embeddings.detach(), mask, types))
+                embeddings = embeddings.detach()
+                if key_augmentation is not None:
+                    embeddings = key_augmentation(embeddings, mask)
+                return self._target_head(self._encode_cls(self.target_encoder, embeddings, mask, types))
 
-        query = online(word_embeddings, attention_mask, token_type_ids)
-        if self.config.uses_target:
-            query = self.predictor(query)
+        query = query_branch(word_embeddings, attention_mask, token_type_ids)
         if positive_input_ids is not None:  # a given positive (e.g. a paraphrase) instead of the sentence itself
             key = key_branch(embed_tokens(positive_input_ids), positive_attention_mask, positive_token_type_ids)
         elif self.config.uses_target:
             key = key_branch(word_embeddings if perturb_target else clean, attention_mask, token_type_ids)
         else:
             key = key_branch(word_embeddings, attention_mask, token_type_ids)
-        negatives = None
+        negatives = negative_queries = None
         if negative_input_ids is not None:
-            negatives = key_branch(embed_tokens(negative_input_ids), negative_attention_mask, negative_token_type_ids)
-        output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives)
+            negative_embeddings = embed_tokens(negative_input_ids)
+            negatives = key_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
+            if negatives_as_anchors:
+                negative_queries = query_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
+        output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives,
+                              negative_queries=negative_queries)
         if fraternal_input_ids is not None:
             self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
         return output

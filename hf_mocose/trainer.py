@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at
+from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .collator import ContrastiveCollator
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
@@ -74,7 +74,8 @@ class MoCoSETrainer(Trainer):
     Args:
         model: a `MoCoSEModel`.
         args: `MoCoSETrainingArguments`.
-        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text` for UNA).
+        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text`, and any
+            `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
         processing_class: the tokenizer (also used to encode the STS sentences and hard negatives).
         **kwargs: passed to `Trainer`.
@@ -104,11 +105,11 @@ class MoCoSETrainer(Trainer):
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
         self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
                                      args.fgsm_epsilon_unit)
-        augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff)
-        self.embedding_augmentation = augmentation if augmentation.active else None
+        self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
+                                                            views=args.augmentation_views)
         self.ema_callback = None
         if config.uses_target:
-            self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end)
+            self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
             self.add_callback(self.ema_callback)
         self._pending_keys: torch.Tensor | None = None
         self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
@@ -120,7 +121,10 @@ class MoCoSETrainer(Trainer):
 
         if train_dataset is None or "text" not in train_dataset.column_names:
             raise ValueError("hard_negatives='una' needs the training sentences: keep a `text` column in train_dataset.")
-        statistics = UNAStatistics.from_corpus(train_dataset["text"], cache_dir=Path(args.output_dir) / "una_statistics")
+        # As the UNA reference: one document per training sentence, plus one per given positive (paraphrase).
+        paraphrases = train_dataset["positive_text"] if "positive_text" in train_dataset.column_names else []
+        corpus = [*train_dataset["text"], *paraphrases]
+        statistics = UNAStatistics.from_corpus(corpus, cache_dir=Path(args.output_dir) / "una_statistics")
         return UNAAugmenter(statistics, alpha=args.una_alpha, window=args.una_window_value, seed=args.seed)
 
     def _check_queue_settings(self, config) -> None:
@@ -133,8 +137,8 @@ class MoCoSETrainer(Trainer):
                 f"{args.world_size} processes): use at least 2 sentences per step."
             )
         if args.target_mtd is not None:
-            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size,
-                                   args.ema_decay_start, args.ema_decay_end)
+            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size, *ema_decay_range(
+                args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
         if config.method == "ifcl" and args.ifcl_forgetting:
             batches = math.ceil(config.queue_size / self.keys_per_enqueue)
             if args.ifcl_forgetting * batches >= 1:
@@ -191,7 +195,9 @@ class MoCoSETrainer(Trainer):
         return self.args.per_device_train_batch_size * self.args.world_size
 
     def current_decay(self) -> float:
-        return ema_decay_at(self.state.global_step, self.state.max_steps, self.args.ema_decay_start, self.args.ema_decay_end)
+        args = self.args
+        return ema_decay_at(self.state.global_step, self.state.max_steps, args.ema_decay_start, args.ema_decay_end,
+                            args.ema_decay_horizon)
 
     def queue_window(self, decay: float | None = None) -> int | None:
         """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit).
@@ -204,18 +210,24 @@ class MoCoSETrainer(Trainer):
         return active_queue_window(self.args.target_mtd, decay, self.global_batch_size,
                                    self.accelerator.unwrap_model(self.model).config.queue_size)
 
+    def _gather(self, tensor: torch.Tensor, config) -> torch.Tensor:
+        """Gathers key-branch outputs `(n, D)` of all processes: detached for MoCoSE's target, else with gradient."""
+        if config.uses_target:
+            return self.accelerator.gather(tensor.detach().contiguous())
+        return gather_with_grad(tensor.contiguous())
+
+    def _own_rows(self, local: int, device) -> torch.Tensor:
+        """`(local,)` rows of this process's `local` entries in a tensor gathered from all processes."""
+        return torch.arange(local, device=device) + self.accelerator.process_index * local
+
     def _contrastive_loss(self, model: MoCoSEModel, outputs: MoCoSEOutput) -> tuple[ContrastiveLossOutput, torch.Tensor]:
         """InfoNCE for one forward; returns the loss output and the gathered keys `(B_global, D)`."""
         config, args = model.config, self.args
-        local = outputs.key.shape[0]
-        if config.uses_target:
-            keys = self.accelerator.gather(outputs.key.detach().contiguous())  # no gradient: keys are targets
-        else:
-            keys = gather_with_grad(outputs.key.contiguous())  # both views carry gradient
-        positive_index, candidates = None, outputs.key.detach()
+        keys = self._gather(outputs.key, config)
+        # Without in-batch negatives each query sees its own key only (with its gradient in SimCSE/IFCL).
+        queries, candidates, positive_index = outputs.query, outputs.key, None
         if config.in_batch_negatives:
-            positive_index = torch.arange(local, device=keys.device) + self.accelerator.process_index * local
-            candidates = keys
+            positive_index, candidates = self._own_rows(outputs.key.shape[0], keys.device), keys
         negatives, weights = [], []
         if config.uses_queue:
             negatives.append(model.queue.keys)
@@ -225,24 +237,27 @@ class MoCoSETrainer(Trainer):
                 entries_per_batch=self.keys_per_enqueue,
             ))
         if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
-            hard = outputs.negative_keys
-            hard = self.accelerator.gather(hard.contiguous()) if config.uses_target else gather_with_grad(hard.contiguous())
-            negatives.append(hard)
-            weights.append(torch.ones(hard.shape[0], device=hard.device))
+            hard = self._gather(outputs.negative_keys, config)
+            if outputs.negative_queries is not None:  # UNA as in its paper: anchors too, with their own positive
+                queries = torch.cat([queries, outputs.negative_queries])
+                own = keys.shape[0] + self._own_rows(outputs.negative_keys.shape[0], hard.device)
+                positive_index, candidates = torch.cat([positive_index, own]), torch.cat([candidates, hard])
+            else:
+                negatives.append(hard)
+                weights.append(torch.ones(hard.shape[0], device=hard.device))
         result = info_nce_loss(
-            outputs.query, candidates, config.contrastive_temperature, positive_index=positive_index,
+            queries, candidates, config.contrastive_temperature, positive_index=positive_index,
             extra_negatives=torch.cat(negatives) if negatives else None,
             extra_negative_weights=torch.cat(weights) if weights else None,
         )
         if outputs.fraternal_query is not None:
-            result.loss = result.loss + self._fraternal_losses(outputs, positive_index, config.contrastive_temperature)
+            result.loss = result.loss + self._fraternal_losses(outputs, config.contrastive_temperature)
         return result, keys
 
-    def _fraternal_losses(self, outputs: MoCoSEOutput, positive_index, temperature: float) -> torch.Tensor:
-        """IFCL: l_F (in-batch InfoNCE anchor vs fraternal view) + l_T (Twins loss)."""
+    def _fraternal_losses(self, outputs: MoCoSEOutput, temperature: float) -> torch.Tensor:
+        """IFCL: l_F (in-batch InfoNCE anchor vs fraternal view, over the global batch) + l_T (Twins loss)."""
         fraternal = gather_with_grad(outputs.fraternal_query.contiguous())
-        if positive_index is None:
-            positive_index = torch.arange(outputs.query.shape[0], device=fraternal.device)
+        positive_index = self._own_rows(outputs.query.shape[0], fraternal.device)
         loss_f = info_nce_loss(outputs.query, fraternal, temperature, positive_index=positive_index).loss
         anchor_input, fraternal_input = outputs.input_embeddings
         # The identical twin reads the anchor's own text, so its input embedding is the anchor's.
@@ -258,12 +273,12 @@ class MoCoSETrainer(Trainer):
         unwrapped = self.accelerator.unwrap_model(model)
         hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
         if model.training and self._use_hard_negatives():
-            inputs = {**inputs, **hard}
+            inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
         perturbation = None
         if self.fgsm.mode == "exact":
             # Extra pass on the unwrapped module: autograd.grad reaches only the embeddings, so DDP's
             # gradient hooks never fire for it.
-            clean = unwrapped(**inputs, online_augmentation=self.embedding_augmentation)
+            clean = unwrapped(**inputs, **self.embedding_augmentation.forward_kwargs())
             clean_loss, _ = self._contrastive_loss(unwrapped, clean)
             (gradient,) = torch.autograd.grad(clean_loss.loss, clean.word_embeddings)
             perturbation = self.fgsm.step(gradient, clean.word_embeddings)
@@ -271,7 +286,7 @@ class MoCoSETrainer(Trainer):
             ids = inputs["input_ids"]
             perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))
         outputs = model(**inputs, embedding_perturbation=perturbation, perturb_target=self.fgsm.perturb_target,
-                        online_augmentation=self.embedding_augmentation)
+                        **self.embedding_augmentation.forward_kwargs())
         if model.training:
             self.fgsm.track(outputs.word_embeddings)
         result, keys = self._contrastive_loss(unwrapped, outputs)

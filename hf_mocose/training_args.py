@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .augmentation import FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
+from .augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
 from .configuration import HEAD_INITS, METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
 from .pooling import SENTENCE_POOLING_MODES
+
+UNA_USAGES = ("paper", "negative")
 
 
 @dataclass
@@ -46,7 +48,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     queue_size (`int`, defaults to `512`): *(model)* K, the queue capacity.
     queue_init_size (`int`, defaults to `128`): *(model)* K_s, random unit vectors the queue starts with.
     ema_decay_start (`float`, defaults to `0.75`): eta at the first optimizer step.
-    ema_decay_end (`float`, defaults to `0.95`): eta at the last optimizer step (cosine ramp between).
+    ema_decay_end (`float`, defaults to `0.95`): eta at the end of the cosine ramp.
+    ema_decay_horizon (`int` or `None`, defaults to `None`): optimizer steps the ramp takes; None = the run
+        length (the paper's setting). The reference code's schedule is start 0.75, end 1.0, horizon 15000.
 
     > Parameters that control FGSM
 
@@ -64,12 +68,17 @@ class MoCoSETrainingArguments(TrainingArguments):
         several comma-separated (`"0:256,768:1024"`); a YAML list `[start, end]` or `[[s1, e1], [s2, e2]]` works too.
     target_mtd (`float` or `None`): hold d_trace = 1/(1-eta) + K_active/B at this value by choosing the active
         queue window each step.
-    token_shuffle (`bool`), token_cutoff (`float`), feature_cutoff (`float`): embedding-layer augmentations of
-        the online view (position shuffle, zeroed tokens, zeroed embedding dimensions).
+    token_shuffle (`bool`), token_cutoff (`float`), feature_cutoff (`float`): embedding-layer augmentations
+        (position shuffle, zeroed tokens, zeroed embedding dimensions), in training only.
+    augmentation_views (`str`, defaults to `"both"`): which views those augment: `both` (online and key view,
+        independent draws, as the reference code) or `online`.
     ifcl_forgetting (`float`, defaults to `0.1`): IFCL's lambda; entry m of the hippocampus queue weighs
         1 - lambda * ceil(m / N).
     fraternal_fusion (`float`, defaults to `0.5`): *(model)* IFCL's fusion rate epsilon of the fraternal view.
     hard_negatives (`str` or `None`): `"una"` adds each anchor's TF-IDF hard negative every `una_frequency` steps.
+    una_usage (`str`, defaults to `"paper"`): how UNA sentences are trained on: `paper` (also anchors with their
+        own positive, and in every anchor's denominator, as the UNA paper; needs in-batch negatives) or
+        `negative` (weight-1 extra negatives only).
     una_alpha (`float`, defaults to `0.5`), una_window (`float`, defaults to `4000`), una_frequency (`int`,
         defaults to `5`): UNA's replacement rate, sampling window (>= 1: ranks; in (0, 1): vocabulary fraction)
         and step frequency.
@@ -141,7 +150,12 @@ class MoCoSETrainingArguments(TrainingArguments):
     queue_init_size: int = field(default=128, metadata={"help": "(model) K_s: random unit vectors the queue starts with."})
     ema_decay_start: float = field(default=0.75, metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."})
     ema_decay_end: float = field(
-        default=0.95, metadata={"help": "EMA decay eta at the last step (cosine ramp); 1.0 reproduces the reference code."}
+        default=0.95, metadata={"help": "EMA decay eta at the end of the cosine ramp, in [0, 1]."}
+    )
+    ema_decay_horizon: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps the cosine ramp takes, eta staying at ema_decay_end after; default: the "
+                  "run length. The reference code's schedule: start 0.75, end 1.0, horizon 15000."},
     )
 
     # --- FGSM ---
@@ -165,9 +179,16 @@ class MoCoSETrainingArguments(TrainingArguments):
     target_mtd: float | None = field(
         default=None, metadata={"help": "Hold the maximum traceable distance at this value (MoCoSE only)."}
     )
-    token_shuffle: bool = field(default=False, metadata={"help": "Shuffle token positions of the online view."})
+    token_shuffle: bool = field(
+        default=False, metadata={"help": "Shuffle token positions of the views that augmentation_views names."}
+    )
     token_cutoff: float = field(default=0.0, metadata={"help": "Rate of whole token embeddings zeroed, in [0, 1)."})
     feature_cutoff: float = field(default=0.0, metadata={"help": "Rate of embedding dimensions zeroed, in [0, 1)."})
+    augmentation_views: str = field(
+        default="both",
+        metadata={"help": f"Views token_shuffle/token_cutoff/feature_cutoff augment: {', '.join(AUGMENTATION_VIEWS)} "
+                  "(both = online and key view, each its own draw, as the reference code); never at evaluation."},
+    )
     ifcl_forgetting: float = field(
         default=0.1, metadata={"help": "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1)."}
     )
@@ -180,6 +201,12 @@ class MoCoSETrainingArguments(TrainingArguments):
         default=4000, metadata={"help": "UNA sampling window r: ranks if >= 1, a vocabulary fraction if in (0, 1)."}
     )
     una_frequency: int = field(default=5, metadata={"help": "Add UNA negatives every f-th optimizer step (f >= 1)."})
+    una_usage: str = field(
+        default="paper",
+        metadata={"help": f"How UNA sentences are used: {', '.join(UNA_USAGES)}. paper: also anchors with their own "
+                  "positive and in every denominator (the UNA paper; needs in_batch_negatives); negative: weight-1 "
+                  "extra negatives only."},
+    )
 
     # --- Evaluation ---
     stsb_dev_file: str | None = field(
@@ -191,7 +218,7 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         validate_method_hparams(self.model_config_kwargs())
-        validate_ema_decay(self.ema_decay_start, self.ema_decay_end)
+        validate_ema_decay(self.ema_decay_start, self.ema_decay_end, self.ema_decay_horizon)
         FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
         if self.head_learning_rate is not None and not self.head_learning_rate > 0:
             raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {self.head_learning_rate!r}.")
@@ -207,7 +234,8 @@ class MoCoSETrainingArguments(TrainingArguments):
         from .una import validate_una_alpha, validate_una_frequency, validate_una_window
 
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
-        EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff)  # validates the rates
+        EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,
+                              views=self.augmentation_views)  # validates the rates and views
         if self.target_mtd is not None:
             if self.method != "mocose":
                 raise ValueError(f"target_mtd needs method='mocose' (an EMA target), got method={self.method!r}.")
@@ -220,6 +248,11 @@ class MoCoSETrainingArguments(TrainingArguments):
         validate_una_alpha(self.una_alpha)
         validate_una_window(self.una_window_value)
         validate_una_frequency(self.una_frequency)
+        if self.una_usage not in UNA_USAGES:
+            raise ValueError(f"Unknown una_usage {self.una_usage!r}; choose one of {', '.join(UNA_USAGES)}.")
+        if self.hard_negatives and self.una_usage == "paper" and not self.in_batch_negatives:
+            raise ValueError("una_usage='paper' trains on each UNA sentence as an anchor whose denominator is the "
+                             "global batch: it needs in_batch_negatives=True (or use una_usage='negative').")
         if self.hard_negatives:
             self.remove_unused_columns = False  # the collator needs each sentence's text
 

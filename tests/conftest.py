@@ -101,23 +101,33 @@ def tiny_training_args(output_dir, **overrides):
     return MoCoSETrainingArguments(**defaults)
 
 
-def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_text=False, **overrides):
-    """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs."""
+def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_text=False, fraternal_encoder=None,
+                 **overrides):
+    """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs.
+
+    `fraternal_encoder` (IFCL): a model whose tokenizer and word embeddings give each sentence a fraternal
+    view, the sentence upper-cased standing in for a translation.
+    """
     from transformers import AutoTokenizer, set_seed
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import python_docs_sentences, tokenize_sentences
+    from hf_mocose.data import python_docs_sentences, tokenize_fraternal, tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
     from datasets import Dataset
 
     args = tiny_training_args(output_dir, **overrides)
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(encoder_path)
-    model = MoCoSEModel.from_pretrained(encoder_path, **args.model_config_kwargs())
+    fraternal = {} if fraternal_encoder is None else {"fraternal_model_name_or_path": fraternal_encoder}
+    model = MoCoSEModel.from_pretrained(encoder_path, **args.model_config_kwargs(), **fraternal)
     if sentences is None:
         sentences = python_docs_sentences()[:n_sentences]
-    dataset = tokenize_sentences(Dataset.from_dict({"text": list(sentences)}), tokenizer, args.max_seq_length,
-                                 keep_text=keep_text)
+    columns = {"text": list(sentences)}
+    if fraternal_encoder is not None:
+        columns["fraternal_text"] = [sentence.upper() for sentence in sentences]
+    dataset = tokenize_sentences(Dataset.from_dict(columns), tokenizer, args.max_seq_length, keep_text=keep_text)
+    if fraternal_encoder is not None:
+        dataset = tokenize_fraternal(dataset, AutoTokenizer.from_pretrained(fraternal_encoder), args.max_seq_length)
     return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 

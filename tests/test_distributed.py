@@ -5,6 +5,7 @@ with `use_cpu` starts two. Assertions read what each rank wrote (a rare SIGABRT 
 exit after correct output has been seen, so the exit code alone is not trusted).
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -79,12 +80,32 @@ def test_resume_in_two_processes(runs, tiny_encoder, tmp_path):
     assert resumed[0]["losses"][-2:] == pytest.approx(runs["two"][0]["losses"][-2:], abs=1e-6)
 
 
-def test_simcse_gathers_second_views_with_gradient(tiny_encoder, tmp_path):
-    """SimCSE mode's in-batch negatives come from all ranks, with gradient: 2 x 4 equals 1 x 8."""
+def _two_vs_one(tiny_encoder, tmp_path, steps, method, options=None):
+    """Trains 2 processes x 4 sentences and 1 process x 8 with the same settings: they must agree."""
+    extra = [json.dumps(options)] if options else []
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir()
     one.mkdir()
-    two_runs = _run([tiny_encoder, str(two), "4", "3", "-", "simcse"], 2, two)
-    one_run = _run([tiny_encoder, str(one), "8", "3", "-", "simcse"], 1, one)
+    two_runs = _run([tiny_encoder, str(two), "4", str(steps), "-", method, *extra], 2, two)
+    one_run = _run([tiny_encoder, str(one), "8", str(steps), "-", method, *extra], 1, one)
     _assert_states_close(two_runs[0]["state"], one_run[0]["state"], atol=1e-5)
     assert two_runs[0]["losses"] == pytest.approx(one_run[0]["losses"], abs=1e-5)
+
+
+def test_simcse_gathers_second_views_with_gradient(tiny_encoder, tmp_path):
+    """SimCSE mode's in-batch negatives come from all ranks, with gradient: 2 x 4 equals 1 x 8."""
+    _two_vs_one(tiny_encoder, tmp_path, 3, "simcse")
+
+
+def test_ifcl_without_in_batch_negatives_with_fraternal_view(tiny_encoder, tmp_path):
+    """IFCL, in_batch_negatives false: l_F pairs each anchor with its own fraternal view on every rank."""
+    from conftest import build_tiny_encoder
+
+    fraternal = build_tiny_encoder(tmp_path / "fraternal", model_type="distilbert", seed=1)
+    _two_vs_one(tiny_encoder, tmp_path, 3, "ifcl", {"in_batch_negatives": False, "queue_init_size": 0,
+                                                    "fraternal_encoder": fraternal})
+
+
+def test_una_as_in_its_paper(tiny_encoder, tmp_path):
+    """UNA sentences as anchors: each is matched with its own key (rank offsets) and sits in every denominator."""
+    _two_vs_one(tiny_encoder, tmp_path, 3, "mocose", {"reversed_una": True, "una_frequency": 2, "una_usage": "paper"})

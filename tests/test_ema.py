@@ -64,3 +64,52 @@ def test_target_not_optimised_and_gets_no_gradient(tiny_encoder, tmp_path):
     assert all(p.grad is None and not p.requires_grad for p in targets)
     # ... yet the target moved (by EMA)
     assert any(not torch.equal(a, b) for a, b in zip(target_before, targets))
+
+
+# ----------------------------------------------------------------------------- schedule horizon (issue 11)
+def test_horizon_fixes_the_ramp_length_whatever_the_run_length():
+    # The reference code's schedule: 0.75 -> 1.0 over 15,000 steps, for runs of any length.
+    for total in (1000, 15000, 15625):
+        assert ema_decay_at(0, total, 0.75, 1.0, horizon=15000) == pytest.approx(0.75)
+        assert ema_decay_at(7500, total, 0.75, 1.0, horizon=15000) == pytest.approx(0.875)
+    assert ema_decay_at(1000, 1000, 0.75, 1.0, horizon=15000) == pytest.approx(
+        1.0 - 0.25 * (math.cos(math.pi * 1000 / 15000) + 1) / 2)  # a short run never gets near 1.0
+    assert ema_decay_at(15624, 15625, 0.75, 1.0, horizon=15000) == 1.0  # past the horizon eta stays at the end
+    assert ema_decay_at(50, 100, 0.75, 0.95, horizon=None) == pytest.approx(0.85)  # None: the run length
+
+
+@pytest.mark.parametrize("horizon", [0, -5, 2.5, True])
+def test_bad_horizon_is_rejected(tmp_path, horizon):
+    from conftest import tiny_training_args
+
+    with pytest.raises(ValueError, match=f"ema_decay_horizon .*{horizon!r}"):
+        tiny_training_args(tmp_path, ema_decay_horizon=horizon)
+
+
+def test_trainer_applies_and_logs_the_horizon_schedule(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, ema_decay_start=0.5, ema_decay_end=1.0, ema_decay_horizon=8,
+                           max_steps=4)
+    decays = []
+    original = trainer.ema_callback.update
+    monkeypatch.setattr(trainer.ema_callback, "update", lambda d: (decays.append(d), original(d)))
+    trainer.train()
+    expected = [ema_decay_at(t, 8, 0.5, 1.0) for t in range(4)]  # half the ramp: eta ends near 0.65, not 1.0
+    assert decays == pytest.approx(expected)
+    logged = [h for h in trainer.state.log_history if "ema_decay" in h]
+    assert [h["ema_decay"] for h in logged] == pytest.approx(expected, abs=1e-6)
+    assert logged[-1]["d_trace"] == pytest.approx(1 / (1 - expected[-1]) + 10 / 4, abs=1e-3)
+
+
+def test_target_mtd_window_follows_the_horizon(tiny_encoder, tmp_path):
+    # eta ramps 0.5 -> 1.0 over 8 steps, so a 4-step run only reaches eta(3) ~ 0.65: the target is reachable
+    # (1/(1-0.65) < 7) although the ramp's end, 1.0, alone would exceed any target.
+    trainer = make_trainer(tiny_encoder, tmp_path, queue_size=40, queue_init_size=40, target_mtd=7.0,
+                           ema_decay_start=0.5, ema_decay_end=1.0, ema_decay_horizon=8, max_steps=4)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "d_trace" in h]
+    assert len(logged) == 4
+    for entry in logged:
+        assert entry["d_trace"] == pytest.approx(7.0, abs=1 / 8 + 1e-3)
+    with pytest.raises(ValueError, match="EMA alone gives"):  # a run as long as the ramp reaches eta = 1
+        make_trainer(tiny_encoder, tmp_path, queue_size=40, queue_init_size=40, target_mtd=7.0,
+                     ema_decay_start=0.5, ema_decay_end=1.0, ema_decay_horizon=8, max_steps=20)

@@ -101,3 +101,19 @@ def test_fraternal_needs_ifcl_and_a_model(tiny_encoder, tmp_path):
         parse_args(["--fraternal_column", "de", "--fraternal_model_name_or_path", "x", "--output_dir", str(tmp_path)])
     with pytest.raises(ValueError, match="needs fraternal_model_name_or_path"):
         parse_args(["--fraternal_column", "de", "--method", "ifcl", "--output_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize("method", ["ifcl", "simcse"])
+def test_without_in_batch_negatives_the_twin_key_keeps_its_gradient(tiny_encoder, tmp_path, method):
+    """SimCSE/IFCL keys are a second online view: the loss must reach them (only MoCoSE's target keys are cut)."""
+    from conftest import make_trainer
+
+    if method == "simcse":  # SimCSE itself refuses in_batch_negatives=False; its keys go the in-batch way
+        trainer = make_trainer(tiny_encoder, tmp_path, method=method, fgsm_mode="off")
+    else:
+        trainer = make_trainer(tiny_encoder, tmp_path, method=method, in_batch_negatives=False, queue_size=16,
+                               queue_init_size=8, fgsm_mode="off")  # random keys as negatives: the loss is not 0
+    model = trainer.model.train()
+    loss, outputs = trainer.compute_loss(model, next(iter(trainer.get_train_dataloader())), return_outputs=True)
+    (gradient,) = torch.autograd.grad(loss, outputs.key, allow_unused=True)
+    assert gradient is not None and gradient.abs().sum() > 0

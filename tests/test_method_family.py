@@ -171,33 +171,137 @@ def test_bad_cutoff_rates(tmp_path, kwargs):
         tiny_training_args(tmp_path, **kwargs)
 
 
-def test_augmentation_reaches_online_view_only(tiny_encoder, tmp_path):
-    trainer = make_trainer(tiny_encoder, tmp_path, feature_cutoff=0.5, encoder_dropout=0.0, head_dropout=0.0,
-                           fgsm_mode="off")
+@pytest.mark.parametrize("method", ["mocose", "simcse"])
+@pytest.mark.parametrize("views", ["online", "both"])
+def test_augmentation_views(tiny_encoder, tmp_path, method, views):
+    """`online`: the key view is clean; `both` (the reference code's): the key view gets its own draw."""
+    trainer = make_trainer(tiny_encoder, tmp_path, method=method, feature_cutoff=0.5, augmentation_views=views,
+                           encoder_dropout=0.0, head_dropout=0.0, fgsm_mode="off")
     model = trainer.model.train()
     inputs = next(iter(trainer.get_train_dataloader()))
-    plain = model(**inputs)
+    plain = model(**inputs)  # no augmentation
     _, augmented = trainer.compute_loss(model, inputs, return_outputs=True)
-    assert torch.equal(augmented.key, plain.key) and not torch.equal(augmented.query, plain.query)
+    assert not torch.equal(augmented.query, plain.query)
+    assert torch.equal(augmented.key, plain.key) == (views == "online")
+    if method == "simcse":  # without dropout the two views differ only by their augmentation draws
+        assert torch.equal(plain.key, plain.query) and not torch.equal(augmented.key, augmented.query)
+
+
+def test_augmentations_never_reach_evaluation(tiny_encoder, tmp_path):
+    from datasets import Dataset
+
+    pairs = Dataset.from_dict({"sentence1": ["a cat sits on the mat", "the sky is blue", "he plays the guitar"],
+                               "sentence2": ["a cat is on a mat", "grass is green", "someone plays music"],
+                               "score": [4.5, 1.0, 3.5]})
+    augmented = make_trainer(tiny_encoder, tmp_path / "a", token_shuffle=True, token_cutoff=0.3, feature_cutoff=0.3,
+                             augmentation_views="both", fgsm_mode="off")
+    clean = make_trainer(tiny_encoder, tmp_path / "c", fgsm_mode="off")
+    clean.model.load_state_dict(augmented.model.state_dict())
+    augmented.model.train()  # even a model left in training mode embeds its sentences unaugmented
+    assert augmented.evaluate(pairs) == clean.evaluate(pairs)
+
+
+def test_bad_augmentation_views(tmp_path):
+    with pytest.raises(ValueError, match="augmentation_views 'target'"):
+        tiny_training_args(tmp_path, token_shuffle=True, augmentation_views="target")
 
 
 # ----------------------------------------------------------------------------- UNA
 UNA_ARGS = dict(hard_negatives="una", una_window=0.5, una_frequency=2, fgsm_mode="off")
 
 
-def test_una_negatives_every_f_steps(tiny_encoder, tmp_path, monkeypatch):
-    trainer = make_trainer(tiny_encoder, tmp_path, keep_text=True, max_steps=4, **UNA_ARGS)
-    batch = next(iter(trainer.get_train_dataloader()))
-    assert batch["negative_input_ids"].shape[0] == batch["input_ids"].shape[0]
-    counts = []
+def _spy_on_info_nce(monkeypatch):
+    """Records (queries, candidate keys, positive_index, extra negatives) of every InfoNCE the trainer computes."""
     import hf_mocose.trainer as trainer_module
 
-    original = trainer_module.info_nce_loss
-    monkeypatch.setattr(trainer_module, "info_nce_loss",
-                        lambda *a, **k: (counts.append(k["extra_negatives"].shape[0]), original(*a, **k))[1])
+    calls, original = [], trainer_module.info_nce_loss
+
+    def spy(queries, keys, temperature, positive_index=None, extra_negatives=None, extra_negative_weights=None):
+        calls.append((queries.shape[0], keys.shape[0], positive_index,
+                      0 if extra_negatives is None else extra_negatives.shape[0]))
+        return original(queries, keys, temperature, positive_index, extra_negatives, extra_negative_weights)
+
+    monkeypatch.setattr(trainer_module, "info_nce_loss", spy)
+    return calls
+
+
+def test_una_negatives_every_f_steps(tiny_encoder, tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_encoder, tmp_path, keep_text=True, max_steps=4, una_usage="negative", **UNA_ARGS)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["negative_input_ids"].shape[0] == batch["input_ids"].shape[0]
+    calls = _spy_on_info_nce(monkeypatch)
     trainer.train()
-    # queue of 10 always; the batch's 4 UNA negatives on steps 0 and 2 only
-    assert counts == [14, 10, 14, 10]
+    # queue of 10 always; the batch's 4 UNA negatives on steps 0 and 2 only, as extra negatives (never anchors)
+    assert [c[3] for c in calls] == [14, 10, 14, 10]
+    assert [c[:2] for c in calls] == [(4, 4)] * 4
+
+
+@pytest.mark.parametrize("method", ["mocose", "simcse"])
+def test_una_as_in_its_paper_trains_on_the_augmented_sentences_as_anchors(tiny_encoder, tmp_path, monkeypatch, method):
+    trainer = make_trainer(tiny_encoder, tmp_path, keep_text=True, max_steps=4, method=method, **UNA_ARGS)
+    assert trainer.args.una_usage == "paper"  # the default: what the UNA paper and its code do
+    if method == "mocose":  # the queue takes the anchors' keys only, as on steps without UNA
+        trainer.compute_loss(trainer.model.train(), next(iter(trainer.get_train_dataloader())))
+        assert trainer._pending_keys.shape[0] == 4
+        trainer._pending_keys = None
+    calls = _spy_on_info_nce(monkeypatch)
+    trainer.train()
+    queue = 10 if method == "mocose" else 0
+    # UNA steps (0, 2): 4 anchors + their 4 UNA sentences are queries; each UNA sentence's positive is its own
+    # key (rows 4..7 of the candidates), and every query sees all 8 keys: the UNA keys are in every denominator.
+    for step, (queries, candidates, positive_index, extra) in enumerate(calls):
+        una_step = step % 2 == 0
+        assert (queries, candidates, extra) == ((8, 8, queue) if una_step else (4, 4, queue))
+        assert positive_index.tolist() == list(range(8 if una_step else 4))
+
+
+def test_una_sentences_as_anchors_go_through_the_query_branch(tiny_encoder):
+    from hf_mocose import MoCoSEModel
+
+    model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=0, encoder_dropout=0.0,
+                                        head_dropout=0.0).train()
+    ids, negative = torch.randint(1000, 2000, (3, 7)), torch.randint(1000, 2000, (3, 6))
+    ones = torch.ones_like
+    out = model(input_ids=ids, attention_mask=ones(ids), negative_input_ids=negative,
+                negative_attention_mask=ones(negative), negatives_as_anchors=True)
+    alone = model(input_ids=negative, attention_mask=ones(negative))
+    assert torch.allclose(out.negative_queries, alone.query, atol=1e-6)  # online branch + predictor, with gradient
+    assert torch.allclose(out.negative_keys, alone.key, atol=1e-6) and out.negative_queries.requires_grad
+    plain = model(input_ids=ids, attention_mask=ones(ids), negative_input_ids=negative,
+                  negative_attention_mask=ones(negative))
+    assert plain.negative_queries is None
+
+
+def test_una_statistics_count_the_given_paraphrases_too(tiny_encoder, tmp_path):
+    """As the UNA reference with paraphrasing: one TF-IDF document per sentence and one per paraphrase."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.data import tokenize_sentences
+    from hf_mocose.trainer import MoCoSETrainer
+
+    args = tiny_training_args(tmp_path, **UNA_ARGS)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
+    texts = [f"sentence {i} about cats" for i in range(8)]
+    paraphrases = [f"zebra paraphrase number {i}" for i in range(8)]
+    dataset = tokenize_sentences(Dataset.from_dict({"text": texts, "positive_text": paraphrases}), tokenizer, 16,
+                                 keep_text=True)
+    trainer = MoCoSETrainer(model=MoCoSEModel.from_pretrained(tiny_encoder, **args.model_config_kwargs()), args=args,
+                            train_dataset=dataset, processing_class=tokenizer)
+    statistics = trainer.data_collator.una_augmenter.statistics
+    assert statistics.n_documents == 16 and "zebra" in statistics.word_to_id
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert {"positive_input_ids", "negative_input_ids"} <= set(batch) and "positive_text" not in batch
+    trainer.compute_loss(trainer.model.train(), batch)
+
+
+def test_una_paper_usage_needs_in_batch_negatives(tmp_path):
+    with pytest.raises(ValueError, match="una_usage='paper' .* in_batch_negatives=True"):
+        tiny_training_args(tmp_path, method="ifcl", in_batch_negatives=False, **UNA_ARGS)
+    tiny_training_args(tmp_path, method="ifcl", in_batch_negatives=False, una_usage="negative", **UNA_ARGS)
+    with pytest.raises(ValueError, match="una_usage 'both'"):
+        tiny_training_args(tmp_path, una_usage="both", **UNA_ARGS)
 
 
 def test_una_collator_is_deterministic(tiny_encoder, tmp_path):

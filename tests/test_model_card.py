@@ -74,10 +74,11 @@ def test_card_renders_parses_and_carries_results(run):
     assert results[("sts-avg", "spearman")] == 76.5 and results[("mr", "accuracy")] == 80.25
     text = card.text
     assert 'SentenceTransformer("alice/mocose-tiny")' in text and 'snapshot_download("alice/mocose-tiny")' in text
-    assert "| **Average (7 STS)** | **76.50** |" in text and "| MoCoSE paper, average | 77.27 |" in text
+    assert "| **Average (7 STS)** | **76.50** |" in text and "| MoCoSE paper, average¹ | 77.27 |" in text
+    assert "picked on the STS *test* sets" in text and "optimistic" in text  # the paper selected on test
     # Hyper-parameters from config.json and training_args.bin, run facts from trainer_state.json.
     for row in ("| queue size K | 8 |", "| initial queue size K_s (random keys) | 4 |", "| temperature τ | 0.05 |",
-                "| EMA decay η at the last step (cosine ramp) | 0.95 |", "| FGSM epsilon | 5e-09 |",
+                "| EMA decay η at the end of the cosine ramp | 0.95 |", "| FGSM epsilon | 5e-09 |",
                 "| FGSM mode | previous |", "| batch size per device | 4 |"):
         assert row in text
     assert "d_trace = 1/(1−η_end) + K/B = **22.00**" in text  # 1/(1-0.95) + 8/4
@@ -230,3 +231,19 @@ def test_method_family_switches_and_citations(run, tmp_path):
     assert "una" in card.data.tags and "ifcl" in card.data.tags
     assert "UNA negatives every f steps" in text and "token cutoff rate" in text
     assert "negatives: queue ages" not in text  # switches left off are not listed
+    assert "EMA ramp length" not in text and "UNA sentences used as" not in text  # not recorded: not claimed
+
+
+def test_seed_settings_are_on_the_card(run, tmp_path):
+    """The settings that tell the paper's and the reference code's variants apart are shown when set."""
+    out, export, _ = run
+    args = argparse.Namespace(ema_decay_start=0.75, ema_decay_end=1.0, ema_decay_horizon=15000, token_shuffle=True,
+                              augmentation_views="both", hard_negatives="una", una_frequency=5, una_usage="paper")
+    text = render_model_card(export, out / "final", training_args=args).text
+    for row in ("| EMA ramp length (optimizer steps) | 15000 |", "| views the embedding augmentations reach | both |",
+                "| UNA sentences used as | paper |"):
+        assert row in text
+    plain = argparse.Namespace(ema_decay_start=0.75, ema_decay_end=0.95, ema_decay_horizon=None,
+                               augmentation_views="both", hard_negatives=None, una_usage="paper")
+    text = render_model_card(export, out / "final", training_args=plain).text
+    assert "EMA ramp length" not in text and "augmentations reach" not in text and "UNA sentences" not in text
