@@ -11,10 +11,10 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from .heads import HEAD_INITS
 from .pooling import check_sentence_pooling
 
 METHODS = ("mocose", "simcse", "ifcl")
-HEAD_INITS = ("random", "identity")
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (

@@ -24,6 +24,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 from transformers.utils import ModelOutput
 
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
+from .heads import build_predictor, build_projection, head_linear, init_head_linear
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
 
@@ -62,56 +63,6 @@ def _build_encoder(config: PretrainedConfig) -> PreTrainedModel:
     if getattr(encoder, "pooler", None) is not None:
         encoder.pooler = None
     return encoder
-
-
-def head_linear(d_in: int, d_out: int, init: str = "random") -> nn.Linear:
-    """A head Linear(d_in, d_out); `init="identity"` marks it for `init_head_linear`'s identity init."""
-    linear = nn.Linear(d_in, d_out)
-    linear.head_init = init
-    init_head_linear(linear)
-    return linear
-
-
-@torch.no_grad()
-def init_head_linear(linear: nn.Linear, std: float = 0.02) -> None:
-    """Initialises a head Linear as it is marked: identity weight (`torch.nn.init.eye_`, also for
-    rectangular shapes) and zero bias for `"identity"`; normal(0, std) weight and zero bias otherwise."""
-    if linear.weight.is_meta:
-        return
-    if getattr(linear, "head_init", "random") == "identity":
-        nn.init.eye_(linear.weight)
-    else:
-        linear.weight.normal_(0.0, std)
-    if linear.bias is not None:
-        linear.bias.zero_()
-
-
-def _blocks(dims: list[int], dropout: float, init: str) -> list[nn.Module]:
-    layers: list[nn.Module] = []
-    for d_in, d_out in zip(dims[:-1], dims[1:]):
-        layers += [head_linear(d_in, d_out, init), nn.LayerNorm(d_out), nn.Dropout(dropout)]
-    return layers
-
-
-def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "random") -> nn.Sequential:
-    """`n_layers` blocks of Linear(h, h) + LayerNorm + Dropout; an empty Sequential (identity) for 0.
-
-    `init`: `"random"` or `"identity"` (see `MoCoSEConfig.head_init`).
-    """
-    return nn.Sequential(*_blocks([hidden] * (n_layers + 1), dropout, init))
-
-
-def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float, init: str = "random") -> nn.Sequential:
-    """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0.
-
-    With `init="identity"` the predictor starts as tanh(LayerNorm(x)) (one block) or the same through
-    more identity blocks: close to a pass-through of its (LayerNorm-ed) input, never a random map.
-    """
-    if n_layers == 0:
-        return nn.Sequential()
-    width = width or hidden
-    dims = [hidden] + [width] * (n_layers - 1)
-    return nn.Sequential(*_blocks(dims, dropout, init), head_linear(dims[-1], hidden, init), nn.Tanh())
 
 
 @dataclass

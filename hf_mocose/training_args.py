@@ -8,7 +8,8 @@ from transformers import TrainingArguments
 
 from .augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
-from .configuration import HEAD_INITS, METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
+from .configuration import METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
+from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES
 
 UNA_USAGES = ("paper", "negative")
