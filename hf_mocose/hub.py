@@ -17,12 +17,7 @@ passed explicitly; it is never printed, logged or written anywhere.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-
-# namespace/name, each part as the Hub allows it: letters, digits, "-", "_", "."; no "--" or "..".
-_REPO_PART = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}"
-_REPO_ID = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 
 MOCOSE_SUBFOLDER = "mocose"
 # Training-loop internals that are never uploaded with a checkpoint's model files.
@@ -34,9 +29,21 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id \
-            or repo_id.endswith(".git"):
+    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise.
+
+    huggingface_hub's `validate_repo_id` checks the characters; the namespace is required here because
+    a bare name would land in whatever account the token belongs to.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id as check_characters
+
+    try:
+        valid = isinstance(repo_id, str) and repo_id.count("/") == 1
+        if valid:
+            check_characters(repo_id)
+    except HFValidationError:
+        valid = False
+    if not valid:
         raise ValueError(
             f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a slash, and a "
             "model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. 'alice/mocose-bert-base'."
