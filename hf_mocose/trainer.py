@@ -6,8 +6,9 @@ The training loop is `transformers.Trainer`'s own. This class overrides only:
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - `get_eval_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev
     (`eval_stsb_spearman`, plus the Trainer's speed metrics) so `load_best_model_at_end` works;
-  - checkpoint hooks and `push_to_hub` (`HubPublishingMixin`): carry FGSM's "previous" gradient (exact
-    resume); the Hub repo root holds the sentence-transformers export, the MoCoSE model `mocose/`.
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume);
+  - `push_to_hub`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds the
+    sentence-transformers export, the MoCoSE model goes to `mocose/`, checkpoints to sub-folders.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
 Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
 `_contrastive_loss`; they differ only in configuration.
