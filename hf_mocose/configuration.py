@@ -7,6 +7,9 @@ from its arguments into the model config in one place (`MoCoSETrainingArguments.
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -79,6 +82,18 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
         raise ValueError(f"max_seq_length must be >= 2, got {max_len!r}.")
 
 
+def base_model_id(name_or_path: str | os.PathLike) -> str:
+    """What can be known of a starting encoder's Hub id: `name_or_path` itself when it is not a local
+    folder, the id in a Hugging Face cache path (`.../models--namespace--name/snapshots/<sha>`), else
+    the local folder (which no model card names as `base_model`)."""
+    value = str(name_or_path)
+    path = Path(value).expanduser()
+    if not path.exists():
+        return value
+    match = re.search(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$", path.resolve().as_posix())
+    return f"{match.group(1)}/{match.group(2)}" if match else str(path.resolve())
+
+
 class MoCoSEConfig(PretrainedConfig):
     r"""Configuration of a [`MoCoSEModel`].
 
@@ -129,6 +144,9 @@ class MoCoSEConfig(PretrainedConfig):
             The base encoder's own sentence-transformers `max_seq_length` (256 for all-MiniLM-L6-v2), recorded
             by `MoCoSEModel.from_encoder` so the export can use it without the base model folder; None when the
             base model has none (the export then uses the encoder's position limit).
+        base_model_name_or_path (`str`, *optional*):
+            The encoder training started from: its Hub id when known (the model card's `base_model`), else
+            its local folder. Set by `from_encoder` (see `base_model_id`) and kept by every checkpoint.
     """
 
     model_type = "mocose"
@@ -154,6 +172,7 @@ class MoCoSEConfig(PretrainedConfig):
         fraternal_vocab_size: int | None = None,
         fraternal_fusion: float = 0.5,
         base_max_seq_length: int | None = None,
+        base_model_name_or_path: str | None = None,
         **kwargs,
     ):
         if isinstance(encoder_config, dict):
@@ -177,6 +196,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.fraternal_vocab_size = fraternal_vocab_size
         self.fraternal_fusion = fraternal_fusion
         self.base_max_seq_length = base_max_seq_length
+        self.base_model_name_or_path = base_model_name_or_path
         validate_method_hparams({name: getattr(self, name) for name in MODEL_CONFIG_FIELDS})
         super().__init__(**kwargs)
 

@@ -17,12 +17,7 @@ passed explicitly; it is never printed, logged or written anywhere.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-
-# namespace/name, each part as the Hub allows it: letters, digits, "-", "_", "."; no "--" or "..".
-_REPO_PART = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}"
-_REPO_ID = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 
 MOCOSE_SUBFOLDER = "mocose"
 # Training-loop internals that are never uploaded with a checkpoint's model files.
@@ -34,9 +29,21 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id \
-            or repo_id.endswith(".git"):
+    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise.
+
+    huggingface_hub's `validate_repo_id` checks the characters; the namespace is required here because
+    a bare name would land in whatever account the token belongs to.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id as check_characters
+
+    try:
+        valid = isinstance(repo_id, str) and repo_id.count("/") == 1
+        if valid:
+            check_characters(repo_id)
+    except HFValidationError:
+        valid = False
+    if not valid:
         raise ValueError(
             f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a slash, and a "
             "model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. 'alice/mocose-bert-base'."
@@ -223,32 +230,112 @@ def publish_final_model(
     Exports `final_dir` (the saved MoCoSE model) to `export_dir` (default
     `<output_dir>/sentence-transformers`), writes the card with the live run's facts (global
     batch size, hardware, wall time, hyper-parameters) and, when `args.push_to_hub` (or `push`),
-    uploads the export to the repo root and `final_dir` to `mocose/`. `max_seq_length` is the
-    export's inference length (default: see `export_to_sentence_transformers`). Runs on the main process
-    only; returns the export folder there, None elsewhere. `card_kwargs` go to `write_model_card`
-    (e.g. `base_model="sentence-transformers/all-MiniLM-L6-v2"` when training started from a local copy).
+    uploads the export to the repo root and `final_dir` to `mocose/` (`upload_final_model`).
+    `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
+    Runs on the main process only; returns the export folder there, None elsewhere. `card_kwargs` go to
+    `write_model_card` (e.g. `base_model=...` to override the config's `base_model_name_or_path`).
+    """
+    if not trainer.is_world_process_zero():
+        return None
+    push = trainer.args.push_to_hub if push is None else push
+    if push:
+        final_repo_id(trainer)  # no repo id: fail before the export, not after it
+    export_dir = export_final_model(trainer, final_dir, export_dir=export_dir, eval_results=eval_results,
+                                    corpus=corpus, datasets=datasets, max_seq_length=max_seq_length, **card_kwargs)
+    if push:
+        upload_final_model(trainer, final_dir, export_dir)
+    return export_dir
+
+
+def final_repo_id(trainer) -> str:
+    """The repo the final model goes to (`hub_model_id`); a `ValueError` says how to set it when there is none."""
+    repo_id = getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id
+    if not repo_id:
+        raise ValueError("Publishing to the Hub needs a repo id: set hub_model_id to 'namespace/name'.")
+    return validate_repo_id(repo_id)
+
+
+def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None, corpus=None, datasets=(),
+                       max_seq_length: int | None = None, **card_kwargs) -> Path:
+    """Writes the sentence-transformers export of `final_dir` with the live run's card; returns its folder.
+
+    `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
     """
     from .export import export_to_sentence_transformers
 
-    if not trainer.is_world_process_zero():
-        return None
     args = trainer.args
     export_dir = Path(export_dir or Path(args.output_dir) / "sentence-transformers")
     runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
-    push = args.push_to_hub if push is None else push
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
-    if push and not repo_id:
-        raise ValueError("push_to_hub is set but there is no repo id: set hub_model_id to 'namespace/name'.")
-    export_to_sentence_transformers(
+    return export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
         repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
         global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
-    if push:
-        upload_to_hub(final_dir, repo_id, path_in_repo=MOCOSE_SUBFOLDER, revision=args.hub_revision,
-                      private=args.hub_private_repo, token=args.hub_token, ignore_patterns=CHECKPOINT_IGNORE,
-                      commit_message="Upload the MoCoSE model (hf-mocose)")
-        upload_to_hub(export_dir, repo_id, revision=args.hub_revision, private=args.hub_private_repo,
-                      token=args.hub_token, commit_message="Upload sentence-transformers export (hf-mocose)")
-    return export_dir
+
+
+def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
+                       revision: str | None = None, token: str | None = None, private: bool | None = None,
+                       blocking: bool = True):
+    """Uploads `final_dir` to `mocose/`, then the export (with its card) to the repo root.
+
+    `revision`, `token` and `private` default to `hub_revision`, `hub_token` and `hub_private_repo`.
+    Returns the root commit's `CommitInfo`, or with `blocking=False` its `Future` (both uploads
+    then run in the background, in order).
+    """
+    args = trainer.args
+    hub = dict(revision=revision or args.hub_revision, token=token or args.hub_token,
+               private=args.hub_private_repo if private is None else private, run_as_future=not blocking)
+    repo_id = final_repo_id(trainer)
+    upload_to_hub(final_dir, repo_id, path_in_repo=MOCOSE_SUBFOLDER, ignore_patterns=CHECKPOINT_IGNORE,
+                  commit_message="Upload the MoCoSE model (hf-mocose)", **hub)
+    return upload_to_hub(export_dir, repo_id, commit_message=commit_message or "Upload sentence-transformers export "
+                         "(hf-mocose)", **hub)
+
+
+class HubPublishingMixin:
+    """`Trainer` hooks that keep the Hub layout above: checkpoints in sub-folders, the export at the root.
+
+    `push_to_hub()` publishes what `hf-mocose export` + `hf-mocose push` (and the end of
+    `scripts/train.py`) publish; `_push_from_checkpoint` sends resumable checkpoints where
+    `hub_strategy` says, never to the root.
+    """
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        from transformers.utils.hub import PushInProgress
+
+        if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
+            return
+        job = push_training_checkpoint(self, checkpoint_folder)
+        if job is not None:
+            self.push_in_progress = PushInProgress([job])
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    final_dir: str | os.PathLike | None = None, **card_kwargs):
+        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would.
+
+        The MoCoSE model is saved to `final_dir` (default `<output_dir>/final`) and uploaded to the
+        repo's `mocose/` folder; its sentence-transformers export, with the model card, is written to
+        `<output_dir>/sentence-transformers` and uploaded to the repo root, so
+        `SentenceTransformer(hub_model_id)` loads it. `token`, `revision` and `private` default to
+        `hub_token`, `hub_revision` and `hub_private_repo`; `card_kwargs` go to the card
+        (`eval_results`, `corpus`, `datasets`, `base_model`, `language`, `license`, `tags`...) and
+        `max_seq_length` to the export (its inference length).
+
+        Returns the root commit's `CommitInfo` (a `Future` of it with `blocking=False`) on the main
+        process, None on the others. Raises a `ValueError` without `hub_model_id`, a `HubPushError`
+        when the upload fails.
+        """
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        if self.is_world_process_zero():
+            final_repo_id(self)  # fail before saving anything
+        final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
+        self.save_model(str(final_dir), _internal_call=True)  # every process (sharded saves need them all)
+        if not self.is_world_process_zero():
+            return None
+        self._finish_current_push()
+        export_dir = export_final_model(self, final_dir, **card_kwargs)
+        return upload_final_model(self, final_dir, export_dir, commit_message=commit_message, revision=revision,
+                                  token=token, private=private, blocking=blocking)

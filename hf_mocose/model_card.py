@@ -275,7 +275,8 @@ def collect_training_details(
         "hardware": hardware,
         "trained_with_transformers": config.get("transformers_version"),
         "una_used": una_used,
-        "base_model": (config.get("encoder_config") or {}).get("_name_or_path"),
+        # Checkpoints before base_model_name_or_path existed: the encoder's own record.
+        "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
     }
 
 

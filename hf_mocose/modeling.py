@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import ModelOutput
 
-from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
+from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
 from .heads import build_predictor, build_projection, head_linear, init_head_linear
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
@@ -177,6 +177,8 @@ class MoCoSEModel(PreTrainedModel):
         from .sequence_length import sentence_transformers_max_seq_length
 
         model.config.base_max_seq_length = sentence_transformers_max_seq_length(encoder_name_or_path)
+        if model.config.base_model_name_or_path is None:  # named in every export's card (model_card.py)
+            model.config.base_model_name_or_path = base_model_id(encoder_name_or_path)
         return model
 
     @classmethod

@@ -4,9 +4,11 @@ The training loop is `transformers.Trainer`'s own. This class overrides only:
   - `compute_loss`: views (FGSM, embedding augmentations), forward, gathered keys, InfoNCE;
   - `training_step`: after the backward, enqueue the step's keys (the loss must not see its own keys);
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
-  - `evaluate`: STS-B dev Spearman (`eval_stsb_spearman`) so `load_best_model_at_end` works;
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume) and keep the Hub repo root
-    for the sentence-transformers export.
+  - `get_eval_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev
+    (`eval_stsb_spearman`, plus the Trainer's speed metrics) so `load_best_model_at_end` works;
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume);
+  - `push_to_hub`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds the
+    sentence-transformers export, the MoCoSE model goes to `mocose/`, checkpoints to sub-folders.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
 Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
 `_contrastive_loss`; they differ only in configuration.
@@ -16,19 +18,21 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from datasets import Dataset
+from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
 from torch.nn import functional as F
 from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .collator import ContrastiveCollator
+from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
+from .hub import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
@@ -40,22 +44,12 @@ NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_to
 
 
 def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """All-gathers `(B, D)` from every process in rank order, keeping the gradient of the local part."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return tensor
-    from torch.distributed.nn.functional import all_gather
+    """All-gathers `(B, D)` from every process in rank order, keeping the gradient of the local part.
 
-    return torch.cat(all_gather(tensor), dim=0)
-
-
-def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
-    """STS-B dev pairs (`sentence1`, `sentence2`, `score`) as a `Dataset`, read from SentEval's `sts-dev.csv`."""
-    from .evaluation.sts import read_sts_benchmark
-
-    pairs = read_sts_benchmark(path)
-    return Dataset.from_dict(
-        {"sentence1": list(pairs.sentences1), "sentence2": list(pairs.sentences2), "score": [float(s) for s in pairs.scores]}
-    )
+    sentence-transformers' `all_gather_with_grad`; a single process skips it (it would warn that
+    nothing is distributed).
+    """
+    return all_gather_with_grad(tensor) if is_dist_initialized() and dist.get_world_size() > 1 else tensor
 
 
 def mean_pairwise_cosine(vectors: torch.Tensor) -> torch.Tensor:
@@ -68,7 +62,7 @@ def mean_pairwise_cosine(vectors: torch.Tensor) -> torch.Tensor:
     return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
 
 
-class MoCoSETrainer(Trainer):
+class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     """Trains a [`MoCoSEModel`] with [`MoCoSETrainingArguments`].
 
     Args:
@@ -100,6 +94,7 @@ class MoCoSETrainer(Trainer):
                          processing_class=processing_class, data_collator=data_collator, **kwargs)
         self._check_queue_settings(config)
         self._check_sharding(config)
+        self.check_eval_datasets()
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
@@ -336,31 +331,7 @@ class MoCoSETrainer(Trainer):
             return min(max(end for _, end in self.args.queue_age_slices), capacity)
         return capacity
 
-    # ----------------------------------------------------------------- evaluation
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Scores STS pairs (default: STS-B dev): `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` (x100)."""
-        from .evaluation.encoders import encode_with_model
-        from .evaluation.sts import sts_correlation
-
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None and self.args.stsb_dev_file:  # evaluation off during training, asked for at the end
-            dataset = self.eval_dataset = stsb_dev_dataset(self.args.stsb_dev_file)
-        if dataset is None:
-            raise ValueError("No STS pairs to evaluate: pass eval_dataset or set stsb_dev_file.")
-        model = self.accelerator.unwrap_model(self.model)
-
-        def encode(sentences):
-            return encode_with_model(model, self.processing_class, list(sentences),
-                                     batch_size=self.args.per_device_eval_batch_size, max_length=model.config.max_seq_length)
-
-        scores = sts_correlation(encode(dataset["sentence1"]), encode(dataset["sentence2"]), dataset["score"])
-        metrics = {f"{metric_key_prefix}_stsb_spearman": scores["spearman"],
-                   f"{metric_key_prefix}_stsb_pearson": scores["pearson"]}
-        self.log(dict(metrics))  # log() adds "epoch" to the dict it gets
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
-
-    # ----------------------------------------------------------------- checkpoints and the Hub
+    # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.fgsm.mode == "previous":
@@ -372,19 +343,3 @@ class MoCoSETrainer(Trainer):
         path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
         if self.fgsm.mode == "previous" and path.is_file():
             self.fgsm.load_state_dict(torch.load(path, map_location=self.args.device))
-
-    def _push_from_checkpoint(self, checkpoint_folder):
-        """Resumable checkpoints go to a sub-folder chosen by `hub_strategy`, never the repo root."""
-        from transformers.utils.hub import PushInProgress
-
-        from .hub import push_training_checkpoint
-
-        if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
-            return
-        job = push_training_checkpoint(self, checkpoint_folder)
-        if job is not None:
-            self.push_in_progress = PushInProgress([job])
-
-    def push_to_hub(self, *args, **kwargs):
-        """No-op: the repo root belongs to the sentence-transformers export (`hub.publish_final_model`)."""
-        return None

@@ -58,14 +58,23 @@ class ScriptArguments:
     fraternal_model_name_or_path: str | None = field(
         default=None, metadata={"help": "IFCL: model whose word embeddings and tokenizer embed the fraternal text."}
     )
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub id of the encoder training starts from, recorded in the checkpoint config "
+            "(base_model_name_or_path) and named in the model card. Default: model_name_or_path when it is a Hub id, "
+            "sentence-transformers/all-MiniLM-L6-v2 for builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache "
+            "path; a plain local folder is recorded as such and the card names no base model."
+        },
+    )
     final_model_dir: str | None = field(
         default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
     )
     export_sentence_transformers: bool = field(
         default=True,
         metadata={
-            "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card "
-            "(and upload it to the repo root with push_to_hub)."
+            "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card. "
+            "push_to_hub always exports (the export is what the repo root holds) and uploads it with the MoCoSE model."
         },
     )
     export_max_seq_length: int | None = field(
@@ -156,6 +165,19 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     return path
 
 
+def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | None:
+    """Scores STS-B dev once more at the end (the best model with `load_best_model_at_end`) and says so."""
+    if stsb_dev is None:
+        if trainer.is_world_process_zero():
+            print("No STS-B dev score: no stsb_dev_file was found (set stsb_dev_file to SentEval's sts-dev.csv).")
+        return None
+    metrics = trainer.evaluate()
+    trainer.save_metrics("eval", metrics)
+    if trainer.is_world_process_zero():
+        print(f"STS-B dev Spearman: {metrics['eval_stsb_spearman']:.2f} (Pearson {metrics['eval_stsb_pearson']:.2f})")
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> str:
     """Trains, saves the final checkpoint and returns its folder."""
     script_args, args = parse_args(argv)
@@ -168,7 +190,10 @@ def main(argv: list[str] | None = None) -> str:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path} if script_args.fraternal_column else {}
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs(), **fraternal)
-    if script_args.export_sentence_transformers:  # a bad export length fails now, not after training
+    base_model = script_args.base_model or (MINILM_HUB_ID if script_args.model_name_or_path == BUILTIN_MINILM else None)
+    if base_model:  # a MoCoSE checkpoint, or a fresh model from a folder, keeps its own record otherwise
+        model.config.base_model_name_or_path = base_model
+    if script_args.export_sentence_transformers or args.push_to_hub:  # a bad export length fails now, not after training
         inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):
         sentences = load_sentences(
@@ -198,23 +223,20 @@ def main(argv: list[str] | None = None) -> str:
     trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
-    trainer.save_model(final_dir)
-    metrics = None
-    if stsb_dev is not None:
-        metrics = trainer.evaluate()
-        trainer.save_metrics("eval", metrics)
-        if trainer.is_world_process_zero():
-            print(f"STS-B dev Spearman: {metrics['eval_stsb_spearman']:.2f} (Pearson {metrics['eval_stsb_pearson']:.2f})")
-    elif trainer.is_world_process_zero():
-        print("No STS-B dev score: no stsb_dev_file was found (set stsb_dev_file to SentEval's sts-dev.csv).")
-    export_dir = None
-    if script_args.export_sentence_transformers:
-        card_kwargs = {"base_model": MINILM_HUB_ID} if script_args.model_name_or_path == BUILTIN_MINILM else {}
-        export_dir = publish_final_model(
-            trainer, final_dir, eval_results=metrics, corpus=script_args.train_file or script_args.dataset_name,
-            max_seq_length=script_args.export_max_seq_length,
-            datasets=[script_args.dataset_name] if script_args.dataset_name else (), **card_kwargs,
-        )
+    card = dict(corpus=script_args.train_file or script_args.dataset_name,
+                datasets=[script_args.dataset_name] if script_args.dataset_name else (),
+                max_seq_length=script_args.export_max_seq_length)
+    if args.push_to_hub:
+        # push_to_hub saves final_dir itself, after the score is known, so the card carries it.
+        metrics = _final_evaluation(trainer, stsb_dev)
+        trainer.push_to_hub(final_dir=final_dir, eval_results=metrics, **card)
+        export_dir = Path(args.output_dir) / "sentence-transformers"
+    else:
+        trainer.save_model(final_dir)
+        metrics = _final_evaluation(trainer, stsb_dev)
+        export_dir = None
+        if script_args.export_sentence_transformers:
+            export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:

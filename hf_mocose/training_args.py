@@ -87,13 +87,15 @@ class MoCoSETrainingArguments(TrainingArguments):
     > Parameters that control evaluation
 
     stsb_dev_file (`str` or `None`): SentEval-layout `sts-dev.csv` scored during training as `eval_stsb_spearman`.
+    eval_max_seq_length (`int` or `None`, defaults to `None`): tokens per sentence when `evaluate()` encodes STS
+        pairs; None = the encoder's own limit (whole sentences, as SentEval); training keeps `max_seq_length`.
     skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation.
     """
 
     # --- Paper defaults for inherited fields (lr 3e-5, batch 64, weight decay 1e-6, 1 epoch, eval every 100) ---
     learning_rate: float = field(default=3e-5, metadata={"help": "Initial AdamW learning rate (paper: 3e-5)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Batch size per device (paper: 64)."})
-    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Batch size for encoding STS-B dev."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per forward when encoding STS pairs."})
     weight_decay: float = field(default=1e-6, metadata={"help": "AdamW weight decay (paper: 1e-6)."})
     num_train_epochs: float = field(default=1.0, metadata={"help": "Training epochs (paper: 1)."})
     logging_steps: float = field(default=10, metadata={"help": "Log every X optimizer steps."})
@@ -216,6 +218,11 @@ class MoCoSETrainingArguments(TrainingArguments):
     skip_missing_stsb_dev: bool = field(
         default=False, metadata={"help": "If stsb_dev_file does not exist, train without evaluation instead of failing."}
     )
+    eval_max_seq_length: int | None = field(
+        default=None,
+        metadata={"help": "Tokens per sentence when scoring STS pairs in evaluate(); default: the encoder's own limit "
+                  "(whole sentences, as SentEval). Training keeps max_seq_length."},
+    )
 
     def __post_init__(self):
         validate_method_hparams(self.model_config_kwargs())
@@ -226,6 +233,10 @@ class MoCoSETrainingArguments(TrainingArguments):
         if self.method == "simcse" and not self.in_batch_negatives:
             raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
         self._validate_family_settings()
+        if self.eval_max_seq_length is not None and self.eval_max_seq_length < 2:
+            raise ValueError(
+                f"eval_max_seq_length must be >= 2 (or None for the encoder's limit), got {self.eval_max_seq_length!r}."
+            )
         if self.pad_to_max_length is None:
             self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
         super().__post_init__()

@@ -1,5 +1,7 @@
 """Training data loading, the recipe parser, and bad input caught before training starts."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 from transformers import AutoTokenizer
@@ -194,3 +196,55 @@ def test_sharded_launch_refused_before_building_the_model(tmp_path, monkeypatch,
     with pytest.raises(ValueError, match="does not support (FSDP|DeepSpeed ZeRO stage 3)"):
         main(["--model_name_or_path", "/nonexistent", "--train_file", BUILTIN_PYTHON_DOCS, "--output_dir", str(tmp_path),
               "--use_cpu", "true", "--eval_strategy", "no"])
+
+
+def test_every_export_names_the_base_model(tiny_encoder, tmp_path, capsys):
+    """The checkpoint config carries base_model_name_or_path, so a later `hf-mocose export` names it too."""
+    import json
+
+    from huggingface_hub import ModelCard
+
+    from hf_mocose import cli
+
+    common = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "16",
+              "--per_device_train_batch_size", "4", "--max_steps", "2", "--queue_size", "8", "--queue_init_size", "4",
+              "--use_cpu", "true", "--eval_strategy", "no", "--save_steps", "2", "--disable_tqdm", "true"]
+    main([*common, "--output_dir", str(tmp_path / "named"), "--base_model", "alice/tiny-bert"])
+    checkpoint = tmp_path / "named" / "checkpoint-2"
+    assert json.loads((checkpoint / "config.json").read_text())["base_model_name_or_path"] == "alice/tiny-bert"
+    assert ModelCard.load(tmp_path / "named" / "sentence-transformers" / "README.md").data.base_model == "alice/tiny-bert"
+    assert cli.main(["export", str(checkpoint), str(tmp_path / "exported")]) == 0
+    assert ModelCard.load(tmp_path / "exported" / "README.md").data.base_model == "alice/tiny-bert"
+    # a local folder start with no Hub id: the folder is recorded, the card names no base model, --base_model sets it
+    main([*common, "--output_dir", str(tmp_path / "local")])
+    config = json.loads((tmp_path / "local" / "final" / "config.json").read_text())
+    assert config["base_model_name_or_path"] == str(Path(tiny_encoder).resolve())
+    assert ModelCard.load(tmp_path / "local" / "sentence-transformers" / "README.md").data.base_model is None
+    assert cli.main(["export", str(tmp_path / "local" / "final"), str(tmp_path / "set"), "--base_model", "bob/enc"]) == 0
+    assert ModelCard.load(tmp_path / "set" / "README.md").data.base_model == "bob/enc"
+
+
+def test_base_model_id_from_a_hub_cache_path(tmp_path):
+    from hf_mocose.configuration import base_model_id
+
+    snapshot = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert base_model_id(snapshot) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert base_model_id("google-bert/bert-base-uncased") == "google-bert/bert-base-uncased"
+    assert base_model_id(tmp_path / "hub") == str((tmp_path / "hub").resolve())
+
+
+@pytest.mark.slow
+def test_builtin_minilm_start_names_its_hub_id(tmp_path, capsys):
+    import json
+
+    from huggingface_hub import ModelCard
+
+    main(["--model_name_or_path", "builtin:all-MiniLM-L6-v2", "--train_file", BUILTIN_PYTHON_DOCS,
+          "--max_train_samples", "8", "--per_device_train_batch_size", "4", "--max_steps", "1", "--queue_size", "8",
+          "--queue_init_size", "4", "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
+          "--output_dir", str(tmp_path), "--disable_tqdm", "true"])
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    card = ModelCard.load(tmp_path / "sentence-transformers" / "README.md")
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"

@@ -63,7 +63,7 @@ def test_evaluate_plain_encoder_json_and_table(tiny_encoder, senteval_fixture, t
     assert set(results["sts12"]["sets"]) == set(STS_YEAR_SETS["sts12"][1])
     assert results["avg_over"] == ["sts12", "stsb", "sickr"]
     assert results["avg"] == pytest.approx(sum(results[t]["spearman"] for t in results["avg_over"]) / 3)
-    assert results["meta"]["encoder"] == {"path": tiny_encoder, "kind": "hf", "pooling": "mean"}
+    assert results["meta"]["encoder"] == {"path": tiny_encoder, "kind": "hf", "pooling": "mean", "max_length": 128}
     assert "sts13" in results["skipped"]
     # deterministic: a second run (other batch size, wmean) gives the same per-set numbers
     again = run_evaluate(tiny_encoder, senteval_fixture, tmp_path / "r2.json", "--pooler", "mean",
@@ -90,6 +90,46 @@ def test_mocose_checkpoint_matches_plain_encoder(tiny_encoder, senteval_fixture,
         for task in ("sts12", "stsb"):
             assert mocose[task]["spearman"] == pytest.approx(plain[task]["spearman"], abs=1e-4)
             assert mocose[task]["pearson"] == pytest.approx(plain[task]["pearson"], abs=1e-4)
+
+
+def test_transfer_tasks_run_only_when_asked(tiny_encoder, senteval_fixture, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "senteval"
+    shutil.copytree(senteval_fixture, root)
+    (root / "TREC").mkdir()
+    classes = ["NUM:dist", "LOC:city"]
+    for name, n in (("train_5500", 30), ("TREC_10", 8)):
+        (root / "TREC" / f"{name}.label").write_text("".join(f"{classes[i % 2]} q{i} is {'big' if i % 2 else 'small'} ?\n"
+                                                             for i in range(n)))
+    default = run_evaluate(tiny_encoder, root, tmp_path / "d.json", "--pooler", "cls")
+    err = capsys.readouterr().err
+    assert default["meta"]["tasks"] == ["sts12", "stsb", "sickr", "stsb_dev"] and "trec" not in default
+    assert "--tasks transfer" in err and "sts13" in err  # says how to get them, and which STS sets were missing
+    asked = run_evaluate(tiny_encoder, root, tmp_path / "t.json", "--pooler", "cls", "--tasks", "transfer")
+    assert asked["meta"]["tasks"] == ["trec"] and asked["trec"]["n"] == 8
+    assert "mr" in asked["skipped"]  # group members without files are skipped and named
+
+
+def test_mocose_checkpoint_is_evaluated_on_whole_sentences(tiny_encoder, tmp_path):
+    """Not cut at the training max_seq_length (16): pairs that differ after 16 tokens are told apart."""
+    from transformers import AutoTokenizer
+
+    from hf_mocose.modeling import MoCoSEModel
+
+    ckpt = tmp_path / "ckpt"
+    MoCoSEModel.from_encoder(tiny_encoder, max_seq_length=16).save_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(ckpt)
+    prefix = "the quick brown fox jumps over the lazy dog near the river bank while the sun sets slowly"
+    tails = [("a man plays guitar", "a man is playing", 4.8), ("stocks fell", "a cat sleeps", 0.2),
+             ("kids run", "children are running", 4.0), ("it rains", "the market opened", 1.1)]
+    rows = [f"g\tf\t2012\t{i}\t{score}\t{prefix} {a}\t{prefix} {b}" for i, (a, b, score) in enumerate(tails)]
+    (tmp_path / "se" / "STS" / "STSBenchmark").mkdir(parents=True)
+    (tmp_path / "se" / "STS" / "STSBenchmark" / "sts-dev.csv").write_text("\n".join(rows) + "\n")
+    whole = run_evaluate(str(ckpt), tmp_path / "se", tmp_path / "w.json", "--tasks", "stsb_dev")
+    assert whole["meta"]["encoder"]["max_length"] == 128 and whole["stsb_dev"]["spearman"] is not None
+    cut = run_evaluate(str(ckpt), tmp_path / "se", tmp_path / "c.json", "--tasks", "stsb_dev", "--max_length", "16")
+    assert cut["stsb_dev"]["spearman"] is None  # every pair truncated to the same prefix: no correlation
 
 
 def test_encode_with_model_restores_mode(tiny_encoder):

@@ -131,7 +131,8 @@ def test_run_tasks_results_and_table(tmp_path):
         encoder.vectors[f"x{i}"], encoder.vectors[f"y{i}"] = angle_pair(cosine)
     tasks, skipped = resolve_tasks(tmp_path, None)
     assert tasks == ["sts12", "stsb", "stsb_dev"]
-    assert "sts13" in skipped and "cr" in skipped
+    assert "sts13" in skipped and "cr" not in skipped  # transfer tasks are not in the default (sts) group
+    assert "cr" in resolve_tasks(tmp_path, ["all"])[1]
     results = run_tasks(encoder, tmp_path, tasks, log=None)
     assert results["stsb"]["spearman"] == pytest.approx(100) and results["stsb"]["n"] == 3
     assert results["avg_over"] == ["sts12", "stsb"]

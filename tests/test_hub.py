@@ -31,6 +31,7 @@ class FakeHub:
         self.files: dict[tuple[str, str], dict[str, bytes]] = {}
         self.branches: set[tuple[str, str]] = set()
         self.fail_create_repo: int | None = None  # HTTP status to answer create-repo with
+        self.commits: list[tuple[str, str, str]] = []  # (repo, revision, commit message)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -81,7 +82,9 @@ class FakeHub:
                         item = json.loads(line)
                         if item["key"] == "file":
                             stored[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-                        elif item["key"] != "header":
+                        elif item["key"] == "header":
+                            hub.commits.append((repo, revision, item["value"]["summary"]))
+                        else:
                             return self._reply(400, {"error": f"unexpected commit item {item['key']}"})
                     oid = "0123456789abcdef0123456789abcdef01234567"
                     return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
@@ -271,3 +274,37 @@ def test_unreachable_hub_is_a_clear_error(fake_hub, export_dir, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     with pytest.raises(HubPushError, match="failed: .*Connect"):
         push_export(export_dir, "alice/tiny-mocose")
+
+
+# ----------------------------------------------------------------------------- MoCoSETrainer.push_to_hub
+def test_trainer_push_to_hub_publishes_what_hf_mocose_push_publishes(fake_hub, tiny_encoder, tmp_path, monkeypatch):
+    from conftest import make_trainer
+
+    monkeypatch.delenv("HF_TOKEN")  # the token comes from the training arguments
+    trainer = make_trainer(tiny_encoder, tmp_path / "run", max_steps=1, hub_model_id="alice/run", hub_token=TOKEN)
+    trainer.train()
+    commit = trainer.push_to_hub(commit_message="First model", revision="v1")
+    assert commit.commit_url.startswith(f"{fake_hub.url}/alice/run/commit/")
+    repo = fake_hub.files[("alice/run", "v1")]
+    export = tmp_path / "run" / "sentence-transformers"
+    assert {k: v for k, v in repo.items() if not k.startswith("mocose/")} == snapshot(export)
+    assert json.loads(repo["config.json"])["model_type"] == "bert" and "README.md" in repo
+    mocose_config = json.loads(repo["mocose/config.json"])
+    assert mocose_config["model_type"] == "mocose"
+    assert "mocose/optimizer.pt" not in repo and not any(k.startswith("checkpoint-") for k in repo)
+    assert snapshot(tmp_path / "run" / "final")["config.json"] == repo["mocose/config.json"]
+    assert ("alice/run", "v1", "First model") in fake_hub.commits  # the root commit carries the message
+    assert 'SentenceTransformer("alice/run")' in repo["README.md"].decode() and TOKEN not in repo["README.md"].decode()
+    # blocking=False: the upload runs in the background and push_to_hub returns its Future
+    future = trainer.push_to_hub(blocking=False)
+    assert future.result().commit_url.startswith(f"{fake_hub.url}/alice/run/commit/")
+    assert ("alice/run", "main", "End of training") in fake_hub.commits
+
+
+def test_trainer_push_to_hub_without_repo_id_says_what_to_set(fake_hub, tiny_encoder, tmp_path):
+    from conftest import make_trainer
+
+    trainer = make_trainer(tiny_encoder, tmp_path / "run")
+    with pytest.raises(ValueError, match="set hub_model_id to 'namespace/name'"):
+        trainer.push_to_hub()
+    assert fake_hub.requests == [] and not (tmp_path / "run" / "final").exists()

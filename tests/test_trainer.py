@@ -65,7 +65,7 @@ def test_evaluate_stsb_dev(tiny_encoder, tmp_path):
     evals = [h for h in trainer.state.log_history if "eval_stsb_spearman" in h]
     assert len(evals) == 1 and -100 <= evals[0]["eval_stsb_spearman"] <= 100
     metrics = trainer.evaluate()
-    assert set(metrics) == {"eval_stsb_spearman", "eval_stsb_pearson"}
+    assert {"eval_stsb_spearman", "eval_stsb_pearson", "eval_runtime"} <= set(metrics)
 
 
 def test_final_evaluate_with_evaluation_off_during_training(tiny_encoder, tmp_path):
@@ -75,7 +75,7 @@ def test_final_evaluate_with_evaluation_off_during_training(tiny_encoder, tmp_pa
                    "g\tf\t2012\t3\t2.5\tKids run.\tChildren play.\n")
     trainer = make_trainer(tiny_encoder, tmp_path / "out", stsb_dev_file=str(dev), eval_strategy="no", max_steps=1)
     trainer.train()
-    assert set(trainer.evaluate()) == {"eval_stsb_spearman", "eval_stsb_pearson"}
+    assert {"eval_stsb_spearman", "eval_stsb_pearson"} <= set(trainer.evaluate())
 
 
 def test_sharded_strategies_are_refused_for_mocose(tiny_encoder, tmp_path):

@@ -1,6 +1,6 @@
 """`hf-mocose evaluate` and `hf-mocose diagnose`: the evaluation sub-commands.
 
-    hf-mocose evaluate MODEL --senteval_dir DIR [--tasks ...] [--aggregation all|wmean]
+    hf-mocose evaluate MODEL --senteval_dir DIR [--tasks sts|transfer|all|TASK ...] [--aggregation all|wmean]
                              [--pooler cls|cls_dense|mean] [--batch_size N] [--output results.json]
     hf-mocose diagnose MODEL [MODEL ...] --senteval_dir DIR [--plot spectrum.png] [--output diag.json]
 """
@@ -31,14 +31,18 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, multi_pooler: bool =
     else:
         parser.add_argument("--pooler", choices=SENTENCE_POOLING_MODES, help=pooler_help)
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
-    parser.add_argument("--max_length", type=int, default=None, help="truncation length in tokens (default: the model's)")
+    parser.add_argument(
+        "--max_length", type=int, default=None,
+        help="truncation length in tokens (default: the encoder's own limit, i.e. whole sentences; a MoCoSE "
+        "checkpoint is not cut at its training max_seq_length; a sentence-transformers folder uses its max_seq_length)",
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--no_progress", action="store_true", help="hide the tqdm progress bars")
 
 
 def register(subparsers) -> None:
     """Adds the `evaluate` and `diagnose` sub-commands to the `hf-mocose` parser."""
-    from hf_mocose.evaluation.runner import ALL_TASKS, TASK_GROUPS
+    from hf_mocose.evaluation.runner import ALL_TASKS, DEFAULT_GROUP, TASK_GROUPS
     from hf_mocose.evaluation.sts import AGGREGATIONS
 
     evaluate = subparsers.add_parser(
@@ -54,7 +58,8 @@ def register(subparsers) -> None:
         nargs="+",
         default=None,
         metavar="TASK",
-        help=f"tasks or groups to run (default: every default task whose files are present). "
+        help=f"tasks or groups to run (default: the '{DEFAULT_GROUP}' group, i.e. the 7 STS test sets + stsb_dev "
+        f"whose files are present; transfer tasks only when asked: --tasks transfer, or all). "
         f"Tasks: {' '.join(ALL_TASKS)}. Groups: {' '.join(TASK_GROUPS)}",
     )
     evaluate.add_argument(
@@ -121,6 +126,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"Tasks: {' '.join(tasks)}", file=sys.stderr)
+    if args.tasks is None:
+        print("Transfer tasks (mr cr subj mpqa sst2 trec mrpc) run only when asked: --tasks transfer (or all).",
+              file=sys.stderr)
     encoder = load_encoder(
         args.model, args.pooler, args.device, args.batch_size, args.max_length, show_progress=not args.no_progress
     )

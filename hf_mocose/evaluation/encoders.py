@@ -108,8 +108,9 @@ def encode_with_model(
 ) -> torch.Tensor:
     """Sentence embeddings from a MoCoSE model (``model.embed``: online encoder + its sentence_pooling).
 
-    The model stays on its device; its train/eval mode is restored afterwards, so the trainer can
-    call this mid-training.
+    Sentences are truncated at `max_length`, by default the encoder's own limit (whole sentences, as
+    SentEval encodes them), not the training `max_seq_length`. The model stays on its device; its
+    train/eval mode is restored afterwards, so the trainer can call this mid-training.
 
     Returns:
         `(len(sentences), hidden)` float32 CPU tensor.
@@ -117,7 +118,6 @@ def encode_with_model(
     was_training = model.training
     model.eval()
     try:
-        max_length = max_length or getattr(model.config, "max_seq_length", None)
         max_length = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config, max_length)
         return encode_batches(
             _mocose_embed(model),
@@ -142,12 +142,13 @@ class Encoder:
     encode_fn: Callable[..., torch.Tensor]
     batch_size: int = 64
     show_progress: bool = True
+    max_length: int | None = None  # truncation in tokens
 
     def encode(self, sentences: list[str], desc: str = "encoding") -> torch.Tensor:
         return self.encode_fn(sentences, batch_size=self.batch_size, show_progress=self.show_progress, desc=desc)
 
     def describe(self) -> dict:
-        return {"path": self.path, "kind": self.kind, "pooling": self.pooling}
+        return {"path": self.path, "kind": self.kind, "pooling": self.pooling, "max_length": self.max_length}
 
 
 def detect_model_kind(path: str | Path) -> str:
@@ -226,7 +227,7 @@ def load_encoder(
             )
             return emb.float().cpu()
 
-        return Encoder(path, kind, "sentence-transformers", st_encode, batch_size, show_progress)
+        return Encoder(path, kind, "sentence-transformers", st_encode, batch_size, show_progress, st_model.max_seq_length)
 
     if kind == "sentence-transformers":  # with a pooler: its transformer weights, read as a plain encoder
         kind = "hf"
@@ -239,8 +240,7 @@ def load_encoder(
         else:
             encoder, dense = model.online_encoder, model.online_pooler
             embed = _pooled_embed(encoder, pooling, dense)
-        config = model.online_encoder.config
-        max_length = max_length or getattr(model.config, "max_seq_length", None)
+        config = model.online_encoder.config  # whole sentences by default, not the training max_seq_length
     else:
         pooling = pooler or "cls"
         model = AutoModel.from_pretrained(path).to(device, torch.float32).eval()
@@ -256,7 +256,7 @@ def load_encoder(
     def hf_encode(sentences, batch_size=64, show_progress=False, desc="encoding"):
         return encode_batches(embed, tokenizer, sentences, device, batch_size, max_length, show_progress, desc)
 
-    return Encoder(path, kind, pooling, hf_encode, batch_size, show_progress)
+    return Encoder(path, kind, pooling, hf_encode, batch_size, show_progress, max_length)
 
 
 def _pooled_embed(encoder: nn.Module, pooling: str, dense: nn.Linear | None) -> EmbedFn:
