@@ -15,7 +15,7 @@ from .pooling import SENTENCE_POOLING_MODES
 UNA_USAGES = ("paper", "negative")
 
 
-@dataclass
+@dataclass(repr=False)  # keep TrainingArguments.__repr__, which masks the Hub token
 class MoCoSETrainingArguments(TrainingArguments):
     r"""Configuration for [`MoCoSETrainer`]. Defaults reproduce the MoCoSE paper (BERT-base).
 
