@@ -215,6 +215,13 @@ def test_changed_field_without_a_shape_change_only_warns(tiny_encoder, reference
 
 # ----------------------------------------------------------------------------- bad arguments and inputs
 @pytest.mark.parametrize("flags, match", [
+    (["--queue_init_size", "600"], "queue_init_size"),
+    (["--queue_size", "0"], "queue_size"),
+    (["--contrastive_temperature", "0"], "contrastive_temperature"),
+    (["--contrastive_temperature", "-0.1"], "contrastive_temperature"),
+    (["--ema_decay_start", "1.5"], "ema_decay_start"),
+    (["--ema_decay_end", "-0.1"], "ema_decay_end"),
+    (["--sentence_pooling", "max"], "sentence_pooling 'max'"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be an integer >= 1, got 0"),
     (["--per_device_train_batch_size", "-4"], "per_device_train_batch_size must be an integer >= 1, got -4"),
     (["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size must be an integer >= 1, got 0"),
@@ -227,7 +234,7 @@ def test_changed_field_without_a_shape_change_only_warns(tiny_encoder, reference
     (["--max_train_samples", "0"], "max_train_samples must be >= 1"),
     (["--preprocessing_num_workers", "0"], "preprocessing_num_workers must be >= 1"),
 ])
-def test_impossible_sizes_are_refused_with_the_arguments(flags, match, tmp_path):
+def test_bad_arguments_are_refused_before_anything_is_loaded(flags, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         parse_args(["--output_dir", str(tmp_path), "--use_cpu", "true", *flags])
 
