@@ -260,11 +260,9 @@ def prepare_resume(value, args, model) -> str | None:
     the interrupted checkpoint folders this run will write again (`remove_interrupted_checkpoints`,
     on the saving process).
     """
-    from .configuration import MODEL_CONFIG_FIELDS
-
     resume = resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
     if resume is not None:
-        changed = {k: v for k, v in check_resume_compatible(resume, model).items() if k in MODEL_CONFIG_FIELDS}
+        changed = check_resume_compatible(resume, model)
         if changed:
             logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
                            "on with this run's values.", resume, changed)
@@ -298,29 +296,41 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
+def _model_fields(config) -> dict:
+    """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
+    from .configuration import MODEL_CONFIG_FIELDS
+
+    flat = _flat_config(config.to_dict())
+    return {k: v for k, v in flat.items()
+            if k in MODEL_CONFIG_FIELDS or k == "fraternal_vocab_size" or k.startswith("encoder_config.")}
+
+
 def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
     """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ.
 
-    Returns the model fields that differ without changing a shape (`{field: (checkpoint, model)}`),
-    for the caller to warn about: the weights load, and training goes on with the model's values.
+    Returns the `MODEL_CONFIG_FIELDS` that differ without changing a shape (`{field: (checkpoint,
+    model)}`), for the caller to warn about: the weights load, and training goes on with the model's values.
     """
+    from .configuration import MODEL_CONFIG_FIELDS
+
     checkpoint = Path(checkpoint)
-    saved = _flat_config(json.loads((checkpoint / CONFIG_NAME).read_text(encoding="utf-8")))
-    current = _flat_config(model.config.to_dict())
+    # Read back through the config class, so that defaults left out of config.json compare equal.
+    saved = _model_fields(type(model.config).from_pretrained(checkpoint))
+    current = _model_fields(model.config)
     differing = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
                  if saved.get(k) != current.get(k)}
     shapes = _saved_shapes(checkpoint)
-    if shapes is None:
-        return differing
     model_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    mismatched = [f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
-                  for name in sorted(set(shapes) | set(model_shapes)) if shapes.get(name) != model_shapes.get(name)]
+    mismatched = [] if shapes is None else [
+        f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
+        for name in sorted(set(shapes) | set(model_shapes)) if shapes.get(name) != model_shapes.get(name)
+    ]
     if not mismatched:
-        return differing
+        return {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}
     fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run" for k, (a, b) in differing.items())
     raise ValueError(
         f"Cannot resume from {checkpoint}: its weights do not fit this run's model "
-        f"({fields or 'no config field differs'}; tensor shapes checkpoint vs run: {', '.join(mismatched[:3])}"
+        f"({fields or 'no model field differs'}; tensor shapes, checkpoint vs this run: {', '.join(mismatched[:3])}"
         f"{', ...' if len(mismatched) > 3 else ''}). Resume with the checkpoint's settings, or start a new run "
         "in another output_dir."
     )
