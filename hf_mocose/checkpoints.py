@@ -238,8 +238,8 @@ def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: in
     for folder in list_checkpoints(output_dir):
         problems = interrupted_save_problems(folder) if checkpoint_step(folder) > after_step else []
         if problems:
-            logger.warning("Removing %s (%s): this run will write step %d again.",
-                           folder, "; ".join(problems), checkpoint_step(folder))
+            logger.warning("Removing %s, whose save never finished (%s): this run goes on from step %d and saves "
+                           "that step anew.", folder, "; ".join(problems), after_step)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
