@@ -245,6 +245,16 @@ def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: in
     return removed
 
 
+def remove_temporary_files(folder: str | os.PathLike) -> list[Path]:
+    """Deletes the `.tmp*` files an interrupted save left in `folder` (before saving into it again)."""
+    folder = Path(folder)
+    stale = sorted(folder.glob(f"{TEMPORARY_FILE_PREFIX}*")) if folder.is_dir() else []
+    for path in stale:
+        logger.warning("Removing %s, left by an interrupted save.", path)
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def resumed_step(checkpoint: str | os.PathLike | None) -> int:
     """The global step a checkpoint was saved at (from its trainer_state.json); 0 for a fresh start."""
     if checkpoint is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
+from .checkpoints import check_weights_complete, remove_temporary_files
 from .data import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
 from .hub import publish_final_model
@@ -132,8 +133,6 @@ def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> 
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
-
-    from .checkpoints import check_weights_complete
 
     path = Path(name_or_path).expanduser()
     if path.is_dir():
@@ -265,6 +264,8 @@ def main(argv: list[str] | None = None) -> str:
     trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
+    if trainer.is_world_process_zero():
+        remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
     card = dict(corpus=script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),
                 max_seq_length=script_args.export_max_seq_length)

@@ -124,6 +124,8 @@ def test_killed_during_save_resume_last_picks_the_complete_checkpoint_exactly(
     assert "incomplete" in str(info.value) and ".tmpK1lled" in str(info.value)
     assert f"--resume_from_checkpoint {out / 'checkpoint-2'}" in str(info.value)
 
+    (out / "final").mkdir()  # as an earlier run killed while saving its final model would have left it
+    (out / "final" / ".tmpSt4le").write_bytes(b"half a model")
     caplog.set_level(logging.INFO, logger="hf_mocose")
     final = main(train_argv(tiny_encoder, out, "--resume_from_checkpoint", "last"))
     log = caplog.text
