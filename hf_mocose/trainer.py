@@ -31,6 +31,7 @@ from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
+from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
 from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
 from .hub import HubPublishingMixin
@@ -341,8 +342,6 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         weights do not fit this model (e.g. another `queue_size`), is refused by name before any
         step. Interrupted checkpoint folders this run will write again are removed first.
         """
-        from .checkpoints import prepare_resume
-
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         return super().train(resume, *args, **kwargs)
 
