@@ -1,7 +1,8 @@
 """The `hf-mocose` command line: one entry point, one sub-command per feature module.
 
 Each feature module owns its own sub-commands through a `register(subparsers)` function, so
-this file only lists them.
+this file only lists them. A settings mistake prints one line and exits with status 2; set
+HF_MOCOSE_DEBUG=1 for its traceback (see `hf_mocose.errors`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from .errors import run_command
 
 # module path -> what it adds; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
@@ -35,11 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"hf-mocose {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    return run_command(f"hf-mocose {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":  # pragma: no cover

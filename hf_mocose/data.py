@@ -63,6 +63,9 @@ def load_sentences(
                 f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
                 f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}."
             )
+        if path.stat().st_size == 0:
+            raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
+                             "(or rows with a text column).")
         extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
         dataset = load_dataset(builder, data_files=str(path), split="train", **extra)
     elif dataset_name is not None:

@@ -61,10 +61,12 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU.
 
     Raises `FileNotFoundError` / `ValueError` naming the path when it is not a MoCoSE checkpoint
-    (a plain encoder, a sentence-transformers folder, a missing folder) or has no tokenizer.
+    (a plain encoder, a sentence-transformers folder, a missing folder) or has no tokenizer, and
+    `IncompleteCheckpointError` naming a weights file that was cut short.
     """
     from transformers import AutoTokenizer
 
+    from .checkpoints import check_weights_complete
     from .modeling import MoCoSEModel
 
     path = Path(checkpoint)
@@ -86,6 +88,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
             f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to the "
             "model (tokenizer.save_pretrained(checkpoint)); training does this for you."
         ) from err
+    check_weights_complete(path, action="export")
     model = MoCoSEModel.from_pretrained(path).to("cpu").eval()
     return model, tokenizer
 

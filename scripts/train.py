@@ -1,9 +1,13 @@
 """Train a MoCoSE (or SimCSE-mode) sentence encoder.
 
     accelerate launch scripts/train.py training_args/<recipe>.yaml [--field value ...]
+
+A settings mistake prints one line and exits with status 2; HF_MOCOSE_DEBUG=1 shows its traceback.
 """
 
-from hf_mocose.training import main
+import sys
+
+from hf_mocose.training import cli_main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli_main())

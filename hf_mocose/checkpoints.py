@@ -1,0 +1,346 @@
+"""Which checkpoint a run resumes from, and whether a checkpoint folder is whole and fits the model.
+
+A Trainer checkpoint (`Trainer._save_checkpoint`, transformers 5.x) is written file by file:
+config.json and the weights (`save_model`), the tokenizer and training_args.bin, then
+optimizer.pt, scheduler.pt and rng_state*.pth (and FGSM's fgsm_state_rank*.pt), and
+trainer_state.json last. safetensors writes the weights to a `.tmpXXXXXX` file in the same folder
+and renames it when done. So a process killed while saving leaves a folder with a temporary file,
+or without the later files, and a weights file cut short by a full disk or an interrupted copy is
+shorter than its own header says. Such a folder is *incomplete*: `--resume_from_checkpoint last`
+skips it (saying why) and picks the newest complete one; naming it explicitly is refused with the
+previous complete checkpoint as the way out; and a resumed run deletes the interrupted folders it
+will write again, so no stale file is carried into the new checkpoints.
+
+A checkpoint also has to fit the model being trained: a field that changes a weight's shape
+(queue_size, the head depths and widths, the method, the encoder) is refused by name with both
+values before any step; other changed model fields only warn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FOLDER = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
+LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
+NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
+# Config entries that say nothing about the model itself.
+_CONFIG_NOISE = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "auto_map"}
+
+
+class IncompleteCheckpointError(ValueError):
+    """A checkpoint folder or weights file was cut short (killed during save, full disk, interrupted copy)."""
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int | None:
+    """N for a folder named `checkpoint-N`, else None."""
+    match = CHECKPOINT_FOLDER.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The `checkpoint-N` folders of `output_dir`, oldest step first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why a `.safetensors` file is unusable (missing, cut short, unreadable header), or None if it is whole.
+
+    The file is an 8-byte header length, a JSON header giving each tensor's byte range, then the
+    data; a file shorter than its header's last byte was cut short. Only the header is read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            header_length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or 8 + header_length > size:
+                return f"{path} is incomplete ({size:,} bytes, cut off inside its header)"
+            header = json.loads(handle.read(header_length))
+        end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return f"{path} is not a readable safetensors file (damaged header)"
+    expected = 8 + header_length + end
+    if size < expected:
+        return f"{path} is incomplete ({size:,} of {expected:,} bytes)"
+    return None
+
+
+def _weights_files(folder: Path) -> list[Path] | None:
+    """The safetensors files holding the weights of `folder` (all shards of an index), [] for .bin, None if none."""
+    index = folder / SAFE_WEIGHTS_INDEX_NAME
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError):
+            return [index]  # reported as damaged by safetensors_problem
+        return [folder / shard for shard in shards]
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        return [folder / SAFE_WEIGHTS_NAME]
+    if (folder / WEIGHTS_NAME).is_file() or (folder / WEIGHTS_INDEX_NAME).is_file():
+        return []
+    return None
+
+
+def weights_problems(folder: str | os.PathLike) -> list[str]:
+    """What is wrong with the model weights of `folder` (empty when they are whole)."""
+    folder = Path(folder)
+    files = _weights_files(folder)
+    if files is None:
+        return [f"no {SAFE_WEIGHTS_NAME}"]
+    return [problem for problem in map(safetensors_problem, files) if problem]
+
+
+def _is_sharded_engine_checkpoint(folder: Path) -> bool:
+    """DeepSpeed / FSDP checkpoints keep weights and optimizer state in their own sub-folders."""
+    return (folder / "latest").is_file() or any(
+        p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in folder.iterdir()
+    )
+
+
+def interrupted_save_problems(folder: str | os.PathLike) -> list[str]:
+    """Signs that the save of `folder` never finished: temporary files, no readable trainer_state.json."""
+    folder = Path(folder)
+    problems = [f"temporary file {p.name} left by an interrupted save"
+                for p in sorted(folder.iterdir()) if p.name.startswith(TEMPORARY_FILE_PREFIX)]
+    state = folder / TRAINER_STATE_NAME
+    if not state.is_file():
+        problems.append(f"no {TRAINER_STATE_NAME} (the Trainer writes it last)")
+    else:
+        try:
+            json.loads(state.read_text(encoding="utf-8"))
+        except ValueError:
+            problems.append(f"{TRAINER_STATE_NAME} is cut off")
+    return problems
+
+
+def checkpoint_problems(folder: str | os.PathLike, model_only: bool = False) -> list[str]:
+    """Why `folder` cannot be resumed from exactly (empty when it is complete).
+
+    `model_only`: the run saves without optimizer state (`save_only_model`), so none is required.
+    """
+    folder = Path(folder)
+    try:
+        problems = interrupted_save_problems(folder)
+        if not (folder / CONFIG_NAME).is_file():
+            problems.append(f"no {CONFIG_NAME}")
+        if _is_sharded_engine_checkpoint(folder):
+            return problems
+        problems += weights_problems(folder)
+        if not model_only:
+            problems += [f"no {name}" for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not (folder / name).is_file()]
+            if not any(folder.glob("rng_state*.pth")):
+                problems.append("no rng_state*.pth")
+    except OSError as err:  # e.g. removed while being read
+        problems = [f"could not be read ({err})"]
+    return problems
+
+
+def newest_complete_checkpoint(output_dir: str | os.PathLike, before_step: int | None = None,
+                               model_only: bool = False) -> Path | None:
+    """The complete `checkpoint-N` of `output_dir` with the highest N (below `before_step` if given)."""
+    for folder in reversed(list_checkpoints(output_dir)):
+        if before_step is not None and checkpoint_step(folder) >= before_step:
+            continue
+        if not checkpoint_problems(folder, model_only):
+            return folder
+    return None
+
+
+def previous_checkpoint_hint(folder: str | os.PathLike, action: str = "resume from") -> str:
+    """'The previous complete checkpoint is ...: <action> it' for a damaged `folder`, or what to do without one."""
+    folder = Path(folder)
+    previous = newest_complete_checkpoint(folder.parent, before_step=checkpoint_step(folder))
+    if previous is None:
+        return f"There is no earlier complete checkpoint in {folder.parent}: {action} another model, or train again."
+    if action == "resume from":
+        return (f"The previous complete checkpoint is {previous}: resume from it with --resume_from_checkpoint "
+                f"{previous} (or 'last', which skips incomplete checkpoints).")
+    return f"The previous complete checkpoint is {previous}: {action} it instead."
+
+
+def check_weights_complete(folder: str | os.PathLike, action: str = "resume from") -> None:
+    """Raises `IncompleteCheckpointError` naming the weights file of `folder` when it is cut short or damaged."""
+    folder = Path(folder)
+    if _weights_files(folder) is None:
+        return  # no weights at all: the loader says so in its own words
+    problems = weights_problems(folder)
+    if problems:
+        raise IncompleteCheckpointError(
+            f"{'; '.join(problems)}: it was cut short while being written or copied, so {folder} cannot be loaded. "
+            + previous_checkpoint_hint(folder, action)
+        )
+
+
+def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_only: bool = False) -> str | None:
+    """The checkpoint folder to resume from for `resume_from_checkpoint=value`, checked; None for a fresh start.
+
+    `last` (also `latest`, `true`, True) picks the newest complete `checkpoint-N` of `output_dir`
+    and logs why it skipped any newer one; an explicit folder must exist and be complete.
+    """
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in NO_CHECKPOINT_VALUES):
+        return None
+    if value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES:
+        chosen, skipped = None, []
+        for folder in reversed(list_checkpoints(output_dir)):
+            problems = checkpoint_problems(folder, model_only)
+            if not problems:
+                chosen = folder
+                break
+            skipped.append((folder, problems))
+        for folder, problems in skipped:
+            logger.warning("resume_from_checkpoint=last: skipped %s, it is incomplete: %s.", folder.name, "; ".join(problems))
+        if chosen is None:
+            logger.warning("resume_from_checkpoint=last: no complete checkpoint in %s, training from the start.", output_dir)
+            return None
+        logger.info("resume_from_checkpoint=last: resuming from %s, the newest complete checkpoint.", chosen)
+        return str(chosen)
+    folder = Path(value)
+    if not folder.is_dir():
+        newest = newest_complete_checkpoint(output_dir, model_only=model_only)
+        hint = f" The newest complete checkpoint in {output_dir} is {newest}." if newest else ""
+        raise FileNotFoundError(f"resume_from_checkpoint {str(value)!r} is not a folder.{hint}")
+    problems = checkpoint_problems(folder, model_only)
+    if problems:
+        check_weights_complete(folder)  # a weights file cut short: named first
+        raise IncompleteCheckpointError(
+            f"Checkpoint {folder} is incomplete ({'; '.join(problems)}): its save was interrupted. "
+            + previous_checkpoint_hint(folder)
+        )
+    return str(folder)
+
+
+def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: int) -> list[Path]:
+    """Deletes the `checkpoint-N` folders with N > `after_step` whose save never finished; returns them.
+
+    A resumed run writes those steps again into the same folder names; without this, their
+    temporary and leftover files would be carried into the new checkpoints. Finished checkpoints
+    (a readable trainer_state.json and no temporary file) are never touched.
+    """
+    removed = []
+    for folder in list_checkpoints(output_dir):
+        problems = interrupted_save_problems(folder) if checkpoint_step(folder) > after_step else []
+        if problems:
+            logger.warning("Removing %s, whose save never finished (%s): this run goes on from step %d and saves "
+                           "that step anew.", folder, "; ".join(problems), after_step)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def remove_temporary_files(folder: str | os.PathLike) -> list[Path]:
+    """Deletes the `.tmp*` files an interrupted save left in `folder` (before saving into it again)."""
+    folder = Path(folder)
+    stale = sorted(folder.glob(f"{TEMPORARY_FILE_PREFIX}*")) if folder.is_dir() else []
+    for path in stale:
+        logger.warning("Removing %s, left by an interrupted save.", path)
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def resumed_step(checkpoint: str | os.PathLike | None) -> int:
+    """The global step a checkpoint was saved at (from its trainer_state.json); 0 for a fresh start."""
+    if checkpoint is None:
+        return 0
+    return int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step", 0))
+
+
+def prepare_resume(value, args, model) -> str | None:
+    """What `MoCoSETrainer.train` does with `resume_from_checkpoint` before handing it to `Trainer.train`.
+
+    Resolves and checks the checkpoint (`resolve_resume_checkpoint`), refuses one whose weights do
+    not fit `model` and warns about changed model fields (`check_resume_compatible`), and removes
+    the interrupted checkpoint folders this run will write again (`remove_interrupted_checkpoints`,
+    on the saving process).
+    """
+    resume = resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
+    if resume is not None:
+        changed = check_resume_compatible(resume, model)
+        if changed:
+            logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
+                           "on with this run's values.", resume, changed)
+    if args.should_save:
+        remove_interrupted_checkpoints(args.output_dir, after_step=resumed_step(resume))
+    return resume
+
+
+def _flat_config(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if key in _CONFIG_NOISE:
+            continue
+        if isinstance(value, dict):
+            flat.update(_flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape from the safetensors headers of `folder` (None when the weights are not safetensors)."""
+    files = _weights_files(folder)
+    if not files:
+        return None
+    shapes = {}
+    for file in files:
+        with file.open("rb") as handle:
+            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+    return shapes
+
+
+def _model_fields(config) -> dict:
+    """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
+    from .configuration import MODEL_CONFIG_FIELDS
+
+    flat = _flat_config(config.to_dict())
+    return {k: v for k, v in flat.items()
+            if k in MODEL_CONFIG_FIELDS or k == "fraternal_vocab_size" or k.startswith("encoder_config.")}
+
+
+def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
+    """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ.
+
+    Returns the `MODEL_CONFIG_FIELDS` that differ without changing a shape (`{field: (checkpoint,
+    model)}`), for the caller to warn about: the weights load, and training goes on with the model's values.
+    """
+    from .configuration import MODEL_CONFIG_FIELDS
+
+    checkpoint = Path(checkpoint)
+    # Read back through the config class, so that defaults left out of config.json compare equal.
+    saved = _model_fields(type(model.config).from_pretrained(checkpoint))
+    current = _model_fields(model.config)
+    differing = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
+                 if saved.get(k) != current.get(k)}
+    shapes = _saved_shapes(checkpoint)
+    model_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    mismatched = [] if shapes is None else [
+        f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
+        for name in sorted(set(shapes) | set(model_shapes)) if shapes.get(name) != model_shapes.get(name)
+    ]
+    if not mismatched:
+        return {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}
+    fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run" for k, (a, b) in differing.items())
+    raise ValueError(
+        f"Cannot resume from {checkpoint}: its weights do not fit this run's model "
+        f"({fields or 'no model field differs'}; tensor shapes, checkpoint vs this run: {', '.join(mismatched[:3])}"
+        f"{', ...' if len(mismatched) > 3 else ''}). Resume with the checkpoint's settings, or start a new run "
+        "in another output_dir."
+    )

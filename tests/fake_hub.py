@@ -1,0 +1,103 @@
+"""A fake Hugging Face Hub for tests: a `ThreadingHTTPServer` on 127.0.0.1 (free port).
+
+It answers the endpoints the real `huggingface_hub` client calls for create-repo, create-branch,
+README validation, preupload and commit. It answers "regular" to every preupload question, so
+files travel base64-encoded inside the commit's NDJSON payload (the server decides upload modes;
+the client follows), and it keeps what arrives: the committed files per (repo, revision), and
+every request as received (`raw`, without its Authorization header, which is kept apart in
+`authorizations`) so tests can search everything that was sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOKEN = "hf_fakeTokenForTests0123456789"
+
+
+class FakeHub:
+    """State of the fake Hub: the requests seen, the files committed per (repo, revision)."""
+
+    def __init__(self, token: str = TOKEN):
+        self.token = token  # the only bearer token accepted
+        self.raw: list[bytes] = []  # request line, headers (no Authorization) and body of every request
+        self.authorizations: list[str] = []
+        self.requests: list[tuple[str, str]] = []
+        self.files: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.branches: set[tuple[str, str]] = set()
+        self.fail_create_repo: int | None = None  # HTTP status to answer create-repo with
+        self.commits: list[tuple[str, str, str]] = []  # (repo, revision, commit message)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def _reply(self, status: int, payload: dict) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _record(self) -> bytes:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                headers = "".join(f"{k}: {v}\n" for k, v in self.headers.items() if k.lower() != "authorization")
+                hub.raw.append(f"{self.command} {self.path}\n{headers}\n".encode() + body)
+                hub.authorizations.append(self.headers.get("Authorization", ""))
+                hub.requests.append((self.command, self.path.split("?")[0]))
+                return body
+
+            def do_GET(self):
+                self._record()
+                return self._reply(404, {"error": f"no route {self.path}"})
+
+            def do_POST(self):
+                body = self._record()
+                path = self.path.split("?")[0]
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    return self._reply(401, {"error": "Invalid credentials in Authorization header"})
+                if path == "/api/validate-yaml":
+                    return self._reply(200, {"errors": [], "warnings": []})
+                if path == "/api/repos/create":
+                    if hub.fail_create_repo:
+                        return self._reply(hub.fail_create_repo, {"error": "Internal Error - We're working hard to fix this"})
+                    data = json.loads(body)
+                    return self._reply(200, {"url": f"{hub.url}/{data['organization']}/{data['name']}"})
+                parts = path.split("/")  # ['', 'api', 'models', ns, name, action, revision]
+                if len(parts) != 7 or parts[:3] != ["", "api", "models"]:
+                    return self._reply(404, {"error": f"no route {path}"})
+                repo, action, revision = f"{parts[3]}/{parts[4]}", parts[5], parts[6]
+                if action == "branch":
+                    hub.branches.add((repo, revision))
+                    return self._reply(200, {})
+                if action == "preupload":
+                    files = json.loads(body)["files"]
+                    return self._reply(200, {"files": [
+                        {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files
+                    ]})
+                if action == "commit":
+                    stored = hub.files.setdefault((repo, revision), {})
+                    for line in body.splitlines():
+                        item = json.loads(line)
+                        if item["key"] == "file":
+                            stored[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+                        elif item["key"] == "header":
+                            hub.commits.append((repo, revision, item["value"]["summary"]))
+                        else:
+                            return self._reply(400, {"error": f"unexpected commit item {item['key']}"})
+                    oid = "0123456789abcdef0123456789abcdef01234567"
+                    return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
+                                             "pullRequestUrl": None})
+                return self._reply(404, {"error": f"no route {path}"})
+
+        return Handler
