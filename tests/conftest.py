@@ -151,8 +151,10 @@ def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", d
 
 
 def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
-                    callbacks=None, **overrides):
-    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder."""
+                    callbacks=None, init_seed=0, **overrides):
+    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder.
+
+    `init_seed` seeds the random heads and queue (the Trainer then seeds the run with `seed`)."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import set_seed
@@ -160,7 +162,7 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
     from hf_mocose import MoCoSELoss
     from hf_mocose.data import python_docs_sentences
 
-    set_seed(0)
+    set_seed(init_seed)
     model = tiny_sentence_transformer(encoder_path, **(model_kwargs or {}))
     loss = MoCoSELoss(model, **{"queue_size": 10, "queue_init_size": 3, **(loss_kwargs or {})})
     if dataset is None:
