@@ -3,16 +3,15 @@
     loss = MoCoSELoss(model, queue_size=512, ema_decay=0.75, ema_decay_end=0.95, temperature=0.05)
     SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss).train()
 
-The second front end of the method `MoCoSETrainer` trains: the same `KeyQueue`, `info_nce_loss`,
-`EMATargetCallback`, `FGSMPerturbation` and head builders, around any `SentenceTransformer`:
+The second front end of `MoCoSETrainer`'s method, from the same `KeyQueue`, `info_nce_loss`,
+`EMATargetCallback`, `FGSMPerturbation` and head builders, for any `SentenceTransformer`:
 
     online:  anchor   -> model (its own pooling) -> pooler -> projection -> predictor = query   (optimised)
     target:  positive -> EMA copy of model       -> EMA pooler -> EMA projection     = key     (EMA only)
 
 The positive is the sentence itself (one text column: the views differ by dropout and FGSM) or the
 second column of (anchor, positive) pairs. The keys of all processes are gathered, contrasted with
-every query (in-batch negatives) beside the queue, then enqueued. The model keeps its own pooling
-and is what gets saved and exported; the heads, the target and the queue exist for training.
+every query beside the queue, then enqueued. The model, with its own pooling, is what gets saved.
 
 `SentenceTransformerTrainer` saves only the model, so `MoCoSELoss.callback` (an `EMATargetCallback`,
 in the style of TRL's `SyncRefModelCallback`) drives the rest: the EMA after every optimizer step,
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import all_gather
 from torch import Tensor, nn
@@ -57,13 +57,7 @@ LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transfor
 
 def _unwrap(module: nn.Module) -> nn.Module:
     """The module inside DDP / DataParallel / `torch.compile` wrappers."""
-    while True:
-        if isinstance(module, (DistributedDataParallel, nn.DataParallel)):
-            module = module.module
-        elif isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            module = module._orig_mod
-        else:
-            return module
+    return extract_model_from_parallel(module, keep_torch_compile=False)
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -94,13 +88,27 @@ def _word_embeddings(model: SentenceTransformer) -> nn.Module:
     return embeddings
 
 
+def _check_unsharded() -> None:
+    """The EMA keeps references to whole parameters: refuse FSDP and ZeRO-3, which shard and replace them
+    (the same limit as `MoCoSETrainer`; docs/distributed.md)."""
+    from accelerate.state import AcceleratorState, is_initialized
+    from accelerate.utils import DistributedType
+
+    if not is_initialized():
+        return
+    state = AcceleratorState()
+    plugin = getattr(state, "deepspeed_plugin", None)
+    if state.distributed_type == DistributedType.FSDP or (
+            state.distributed_type == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3):
+        raise ValueError("MoCoSELoss does not support FSDP or DeepSpeed ZeRO stage 3 yet (the EMA target needs "
+                         "unsharded parameters): launch with DDP or DeepSpeed ZeRO-1/2.")
+
+
 def _parts(dataset) -> list:
-    """The datasets inside a `DatasetDict` / `ConcatDataset` (or the dataset itself)."""
+    """The datasets inside a `DatasetDict` or the `ConcatDataset` sentence-transformers makes of one."""
     if dataset is None:
         return []
-    if hasattr(dataset, "datasets"):  # torch ConcatDataset, as sentence-transformers builds for a DatasetDict
-        return list(dataset.datasets)
-    return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
+    return list(dataset.datasets if hasattr(dataset, "datasets") else dataset.values() if isinstance(dataset, dict) else [dataset])
 
 
 class MoCoSELossCallback(EMATargetCallback):
@@ -261,20 +269,17 @@ class MoCoSELoss(nn.Module):
         """While the block runs, adds `perturbation` `(B, L, H)` to the encoder's word embeddings and
         keeps them in the yielded dict under "words" (for FGSM's gradient); with FGSM off, does nothing."""
         captured: dict[str, Tensor] = {}
-        if self.fgsm.mode == "off":
-            yield captured
-            return
 
         def hook(module, inputs, output):
-            output = output if perturbation is None else output + perturbation
-            captured["words"] = output
-            return output
+            captured["words"] = output if perturbation is None else output + perturbation
+            return captured["words"]
 
-        handle = _word_embeddings(encoder).register_forward_hook(hook)
+        handle = _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else None
         try:
             yield captured
         finally:
-            handle.remove()
+            if handle is not None:
+                handle.remove()
 
     def _fgsm_perturbation(self, anchor: dict, positive: dict) -> Tensor | None:
         if self.fgsm.mode == "previous":
@@ -315,6 +320,7 @@ class MoCoSELoss(nn.Module):
 
         Run by the callback at `on_train_begin` (or by the loss at its first training step).
         """
+        _check_unsharded()
         for part in _parts(dataset):
             self.check_dataset(part, args)
         if state.global_step > 0:
@@ -326,7 +332,10 @@ class MoCoSELoss(nn.Module):
                         "(target, heads, queue). For a checkpoint outside output_dir, call loss.load_state(CHECKPOINT) "
                         "before trainer.train(resume_from_checkpoint=CHECKPOINT).")
                 self.load_state(checkpoint)
-            self._check_restored(state.global_step)
+            saved, current = self._restored["fingerprint"], self._fingerprint()
+            if saved.shape != current.shape or not torch.allclose(saved, current, rtol=1e-7, atol=0.0):
+                raise ValueError(f"The MoCoSELoss state in {self._restored['folder']} was saved with other model weights "
+                                 f"than the checkpoint resumed at step {state.global_step}: load that checkpoint's own.")
         self._restored = None
         if _rank_and_world()[1] > 1:
             self._start_distributed()
@@ -408,10 +417,4 @@ class MoCoSELoss(nn.Module):
         fgsm_file = folder / FGSM_STATE_FILE.format(rank=_rank_and_world()[0])
         if self.fgsm.mode == "previous" and fgsm_file.is_file():
             self.fgsm.load_state_dict(torch.load(fgsm_file, map_location=device, weights_only=True))
-        self._restored = {"folder": folder, "fingerprint": state["fingerprint"]}
-
-    def _check_restored(self, step: int) -> None:
-        saved, current = self._restored["fingerprint"], self._fingerprint()
-        if saved.shape != current.shape or not torch.allclose(saved, current, rtol=1e-7, atol=0.0):
-            raise ValueError(f"The MoCoSELoss state in {self._restored['folder']} was saved with other model weights than "
-                             f"the checkpoint resumed at step {step}: load the loss state of that same checkpoint.")
+        self._restored = {"folder": folder, "fingerprint": state["fingerprint"]}  # checked in begin_training

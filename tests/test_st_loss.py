@@ -302,6 +302,16 @@ def test_uneven_batches_across_processes_are_refused(tiny_encoder, tmp_path, mon
         trainer.loss.check_dataset(trainer.train_dataset, trainer.args)
 
 
+def test_sharded_launches_are_refused(tiny_encoder, tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    trainer = make_st_trainer(tiny_encoder, tmp_path)
+    monkeypatch.setitem(AcceleratorState._shared_state, "distributed_type", DistributedType.FSDP)
+    with pytest.raises(ValueError, match="does not support FSDP"):
+        trainer.loss.begin_training(trainer.args, trainer.state)
+
+
 def test_training_outside_a_trainer_is_refused(tiny_encoder):
     from hf_mocose import MoCoSELoss
 
@@ -309,3 +319,25 @@ def test_training_outside_a_trainer_is_refused(tiny_encoder):
     loss = MoCoSELoss(model, queue_size=8)
     with pytest.raises(RuntimeError, match="transformers Trainer"):
         loss([model.preprocess(_SENTENCES[:4])])
+
+
+def test_example_script_end_to_end(tiny_encoder, tmp_path, monkeypatch):
+    """examples/train_st_mocose.py on a saved tiny SentenceTransformer: trains, scores nothing (no STS file), saves."""
+    import importlib.util
+
+    from conftest import REPO_ROOT
+
+    tiny_sentence_transformer(tiny_encoder).save_pretrained(str(tmp_path / "tiny-st"))
+    spec = importlib.util.spec_from_file_location("train_st_mocose", REPO_ROOT / "examples" / "train_st_mocose.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # dataclasses look their module up while it loads
+    spec.loader.exec_module(script)
+    scores = script.main([
+        "--model_name_or_path", str(tmp_path / "tiny-st"), "--train_file", "builtin:python_docs",
+        "--max_train_samples", "64", "--queue_size", "16", "--max_steps", "2", "--per_device_train_batch_size", "8",
+        "--stsb_dev_file", str(tmp_path / "absent.csv"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true",
+        "--disable_tqdm", "true",
+    ])
+    assert scores == {}
+    assert (tmp_path / "out" / "final" / "modules.json").is_file()
+    assert "MoCoSELoss" in (tmp_path / "out" / "final" / "README.md").read_text()
