@@ -46,7 +46,7 @@ from .augmentation import FGSMPerturbation
 from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from .configuration import validate_method_hparams
 from .losses import ContrastiveLossOutput, info_nce_loss
-from .modeling import build_predictor, build_projection, init_head_weights
+from .modeling import build_predictor, build_projection, head_linear, init_head_weights
 from .queue import KeyQueue
 
 LOSS_STATE_DIR = "mocose_loss"
@@ -144,18 +144,20 @@ class MoCoSELoss(nn.Module):
         ema_decay, ema_decay_end: EMA decay eta at the first and at the last optimizer step (cosine ramp).
         temperature: InfoNCE temperature tau.
         in_batch_negatives: the other keys of the global batch are negatives too.
-        projection_layers, predictor_layers, predictor_dim, head_dropout: the heads, as `MoCoSEConfig`'s fields.
+        projection_layers, predictor_layers, predictor_dim, head_dropout, head_init: the heads, as
+            `MoCoSEConfig`'s fields (`head_init="identity"` starts the query close to the key).
         target_dropout: the target runs with dropout in training.
-        fgsm_mode, fgsm_epsilon, fgsm_views: FGSM on the anchor's word embeddings (`FGSMPerturbation`):
-            "off" (default), "exact" (an extra forward/backward) or "previous" (the last step's
-            gradient; needs every batch padded to the same length).
+        fgsm_mode, fgsm_epsilon, fgsm_views, fgsm_epsilon_unit: FGSM on the anchor's word embeddings
+            (`FGSMPerturbation`): "off" (default), "exact" (an extra forward/backward) or "previous" (the
+            last step's gradient; needs every batch padded to the same length).
     """
 
     def __init__(self, model: SentenceTransformer, queue_size: int = 512, queue_init_size: int | None = None,
                  ema_decay: float = 0.75, ema_decay_end: float = 0.95, temperature: float = 0.05,
                  in_batch_negatives: bool = True, projection_layers: int = 1, predictor_layers: int = 2,
-                 predictor_dim: int | None = None, head_dropout: float = 0.1, target_dropout: bool = True,
-                 fgsm_mode: str = "off", fgsm_epsilon: float = 5e-9, fgsm_views: str = "both"):
+                 predictor_dim: int | None = None, head_dropout: float = 0.1, head_init: str = "random",
+                 target_dropout: bool = True, fgsm_mode: str = "off", fgsm_epsilon: float = 5e-9,
+                 fgsm_views: str = "both", fgsm_epsilon_unit: str = "absolute"):
         super().__init__()
         if not isinstance(model, SentenceTransformer):
             raise TypeError(f"MoCoSELoss trains a sentence_transformers.SentenceTransformer, got {type(model).__name__}.")
@@ -169,14 +171,15 @@ class MoCoSELoss(nn.Module):
             queue_size=queue_size, queue_init_size=queue_init_size, ema_decay=ema_decay, ema_decay_end=ema_decay_end,
             temperature=temperature, in_batch_negatives=in_batch_negatives, projection_layers=projection_layers,
             predictor_layers=predictor_layers, predictor_dim=predictor_dim, head_dropout=head_dropout,
-            target_dropout=target_dropout, fgsm_mode=fgsm_mode, fgsm_epsilon=fgsm_epsilon, fgsm_views=fgsm_views,
+            head_init=head_init, target_dropout=target_dropout, fgsm_mode=fgsm_mode, fgsm_epsilon=fgsm_epsilon,
+            fgsm_views=fgsm_views, fgsm_epsilon_unit=fgsm_epsilon_unit,
         )
-        validate_method_hparams({k: self.settings[k] for k in (
-            "queue_size", "queue_init_size", "projection_layers", "predictor_layers", "predictor_dim", "head_dropout")})
+        validate_method_hparams({k: self.settings[k] for k in ("queue_size", "queue_init_size", "projection_layers",
+                                                                "predictor_layers", "predictor_dim", "head_dropout", "head_init")})
         if not temperature > 0:
             raise ValueError(f"temperature (tau) must be > 0, got {temperature!r}.")
         validate_ema_decay(ema_decay, ema_decay_end, names=("ema_decay", "ema_decay_end"))
-        self.fgsm = FGSMPerturbation(fgsm_mode, fgsm_epsilon, fgsm_views)
+        self.fgsm = FGSMPerturbation(fgsm_mode, fgsm_epsilon, fgsm_views, fgsm_epsilon_unit)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
         hidden = model.get_embedding_dimension()
@@ -187,9 +190,9 @@ class MoCoSELoss(nn.Module):
 
         self.model = model
         self.online_head = nn.Sequential(OrderedDict(
-            pooler=nn.Linear(hidden, hidden),
-            projection=build_projection(hidden, projection_layers, head_dropout),
-            predictor=build_predictor(hidden, predictor_layers, predictor_dim, head_dropout),
+            pooler=head_linear(hidden, hidden, head_init),
+            projection=build_projection(hidden, projection_layers, head_dropout, head_init),
+            predictor=build_predictor(hidden, predictor_layers, predictor_dim, head_dropout, head_init),
         ))
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
         self.online_head.apply(partial(init_head_weights, std=std))
@@ -290,7 +293,7 @@ class MoCoSELoss(nn.Module):
             query, words = self._queries(_unwrap(self.model), self.online_head, anchor, None)
             clean, _ = self._contrast(query, self._keys(positive, None))
             (gradient,) = torch.autograd.grad(clean.loss, words)
-            return self.fgsm.step(gradient)
+            return self.fgsm.step(gradient, words)
         return None
 
     def _contrast(self, query: Tensor, key: Tensor) -> tuple[ContrastiveLossOutput, Tensor]:

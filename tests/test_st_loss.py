@@ -99,6 +99,22 @@ def test_ema_pairs_and_update_rule(tiny_encoder):
         assert torch.allclose(t, 0.9 * old + 0.1 * o, atol=1e-6)
 
 
+def test_identity_head_init_and_a_head_learning_rate(tiny_encoder, tmp_path):
+    """head_init reaches the heads through the shared builders; sentence-transformers' learning_rate_mapping
+    gives the heads their own learning rate."""
+    trainer = make_st_trainer(tiny_encoder, tmp_path, loss_kwargs=dict(head_init="identity"),
+                              learning_rate_mapping={r"online_head\.": 1e-2})
+    loss = trainer.loss
+    linears = [m for m in loss.online_head.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 1 + 1 + 2  # pooler, projection, predictor
+    assert all(torch.equal(m.weight, torch.eye(32)) and not m.bias.any() for m in linears)
+    assert torch.equal(loss.target_head.pooler.weight, torch.eye(32))
+    optimizer = trainer.create_optimizer()
+    lr = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert {lr[id(p)] for p in loss.online_head.parameters()} == {1e-2}
+    assert {lr[id(p)] for p in trainer.model.parameters()} == {1e-3}
+
+
 def test_one_ema_update_per_optimizer_step_under_accumulation(tiny_encoder, tmp_path, monkeypatch):
     trainer = make_st_trainer(tiny_encoder, tmp_path, gradient_accumulation_steps=3, max_steps=4,
                               loss_kwargs=dict(queue_size=60, queue_init_size=3))
@@ -244,6 +260,8 @@ def test_evaluation_loss_leaves_the_queue_alone(tiny_encoder, tmp_path):
     (dict(fgsm_epsilon=-1.0), "fgsm_epsilon"),
     (dict(predictor_layers=-1), "predictor_layers"),
     (dict(head_dropout=1.0), "head_dropout"),
+    (dict(head_init="zeros"), "head_init"),
+    (dict(fgsm_mode="exact", fgsm_epsilon_unit="percent"), "fgsm_epsilon_unit"),
 ])
 def test_impossible_settings(tiny_encoder, kwargs, match):
     from hf_mocose import MoCoSELoss
@@ -303,11 +321,12 @@ def test_uneven_batches_across_processes_are_refused(tiny_encoder, tmp_path, mon
 
 
 def test_sharded_launches_are_refused(tiny_encoder, tmp_path, monkeypatch):
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     trainer = make_st_trainer(tiny_encoder, tmp_path)
-    monkeypatch.setitem(AcceleratorState._shared_state, "distributed_type", DistributedType.FSDP)
+    for state in (PartialState, AcceleratorState):  # AcceleratorState() re-reads PartialState's
+        monkeypatch.setitem(state._shared_state, "distributed_type", DistributedType.FSDP)
     with pytest.raises(ValueError, match="does not support FSDP"):
         trainer.loss.begin_training(trainer.args, trainer.state)
 
