@@ -1,13 +1,15 @@
-"""Train any SentenceTransformer with MoCoSE through sentence-transformers' own trainer.
+r"""Train any SentenceTransformer with MoCoSE through sentence-transformers' own trainer.
 
     python examples/train_st_mocose.py                       # offline: all-MiniLM-L6-v2, ../shared corpus
-    python examples/train_st_mocose.py --model_name_or_path sentence-transformers/all-mpnet-base-v2 \\
-        --train_file my_sentences.txt --max_steps 1000 --queue_size 4096
+    python examples/train_st_mocose.py --model_name_or_path sentence-transformers/all-mpnet-base-v2 \
+        --train_file my_sentences.txt --max_steps 1000 --queue_size 4096 \
+        --head_init identity --learning_rate_mapping '{"online_head\\.": 1e-3}'
 
 Arguments are `ExampleArguments` below plus every `SentenceTransformerTrainingArguments` field
-(`--per_device_train_batch_size`, `--learning_rate`, `--learning_rate_mapping`, ...). The model is
-scored on STS-B dev (sentence-transformers' `EmbeddingSimilarityEvaluator`, Spearman x 100) before
-and after training when the SentEval file is there, and saved to `<output_dir>/final`.
+(`--per_device_train_batch_size`, `--learning_rate`, `--learning_rate_mapping` for a head learning
+rate, ...). The model is scored on STS-B dev (sentence-transformers' `EmbeddingSimilarityEvaluator`,
+Spearman x 100, at the model's own maximum length) before and after training when the SentEval file
+is there, and saved to `<output_dir>/final`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ExampleArguments:
     ema_decay: float = field(default=0.75, metadata={"help": "EMA decay at the first optimizer step."})
     ema_decay_end: float = field(default=0.95, metadata={"help": "EMA decay at the last optimizer step."})
     temperature: float = field(default=0.05, metadata={"help": "InfoNCE temperature."})
+    head_init: str = field(default="random", metadata={"help": "Head Linears: random (the paper's) or identity."})
     fgsm_mode: str = field(default="off", metadata={"help": "FGSM on the word embeddings: off, exact or previous."})
 
 
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     sentences = load_sentences(train_file, max_train_samples=example.max_train_samples)
     train_dataset = Dataset.from_dict({"text": sentences["text"]})
     loss = MoCoSELoss(model, queue_size=example.queue_size, ema_decay=example.ema_decay,
-                      ema_decay_end=example.ema_decay_end, temperature=example.temperature, fgsm_mode=example.fgsm_mode)
+                      ema_decay_end=example.ema_decay_end, temperature=example.temperature,
+                      head_init=example.head_init, fgsm_mode=example.fgsm_mode)
     full_length, model.max_seq_length = model.max_seq_length, example.max_seq_length
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
     trainer.train()

@@ -108,7 +108,9 @@ def _parts(dataset) -> list:
     """The datasets inside a `DatasetDict` or the `ConcatDataset` sentence-transformers makes of one."""
     if dataset is None:
         return []
-    return list(dataset.datasets if hasattr(dataset, "datasets") else dataset.values() if isinstance(dataset, dict) else [dataset])
+    if hasattr(dataset, "datasets"):  # torch's ConcatDataset
+        return list(dataset.datasets)
+    return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
 
 
 class MoCoSELossCallback(EMATargetCallback):

@@ -355,7 +355,7 @@ def test_example_script_end_to_end(tiny_encoder, tmp_path, monkeypatch):
         "--model_name_or_path", str(tmp_path / "tiny-st"), "--train_file", "builtin:python_docs",
         "--max_train_samples", "64", "--queue_size", "16", "--max_steps", "2", "--per_device_train_batch_size", "8",
         "--stsb_dev_file", str(tmp_path / "absent.csv"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true",
-        "--disable_tqdm", "true",
+        "--disable_tqdm", "true", "--head_init", "identity", "--learning_rate_mapping", '{"online_head\\\\.": 0.01}',
     ])
     assert scores == {}
     assert (tmp_path / "out" / "final" / "modules.json").is_file()
