@@ -46,7 +46,7 @@ from .augmentation import FGSMPerturbation
 from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from .configuration import validate_method_hparams
 from .losses import ContrastiveLossOutput, info_nce_loss
-from .modeling import build_predictor, build_projection, head_linear, init_head_weights
+from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .queue import KeyQueue
 
 LOSS_STATE_DIR = "mocose_loss"
@@ -118,7 +118,8 @@ class MoCoSELossCallback(EMATargetCallback):
     checks and resume at `on_train_begin`, the loss state into every checkpoint at `on_save`."""
 
     def __init__(self, mocose_loss: MoCoSELoss):
-        super().__init__(mocose_loss, mocose_loss.ema_decay, mocose_loss.ema_decay_end)
+        settings = mocose_loss.settings
+        super().__init__(mocose_loss, settings["ema_decay"], settings["ema_decay_end"], settings["ema_decay_horizon"])
         self.mocose_loss = mocose_loss
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
@@ -143,7 +144,8 @@ class MoCoSELoss(nn.Module):
         model: the `SentenceTransformer` to train (its tokenizer reads the text).
         queue_size: K, negatives kept in the queue (at most the number of training rows).
         queue_init_size: K_s, random unit vectors the queue starts with; defaults to min(128, K).
-        ema_decay, ema_decay_end: EMA decay eta at the first and at the last optimizer step (cosine ramp).
+        ema_decay, ema_decay_end: EMA decay eta at the first step and at the end of its cosine ramp.
+        ema_decay_horizon: optimizer steps the ramp takes (None: the whole run).
         temperature: InfoNCE temperature tau.
         in_batch_negatives: the other keys of the global batch are negatives too.
         projection_layers, predictor_layers, predictor_dim, head_dropout, head_init: the heads, as
@@ -155,7 +157,8 @@ class MoCoSELoss(nn.Module):
     """
 
     def __init__(self, model: SentenceTransformer, queue_size: int = 512, queue_init_size: int | None = None,
-                 ema_decay: float = 0.75, ema_decay_end: float = 0.95, temperature: float = 0.05,
+                 ema_decay: float = 0.75, ema_decay_end: float = 0.95, ema_decay_horizon: int | None = None,
+                 temperature: float = 0.05,
                  in_batch_negatives: bool = True, projection_layers: int = 1, predictor_layers: int = 2,
                  predictor_dim: int | None = None, head_dropout: float = 0.1, head_init: str = "random",
                  target_dropout: bool = True, fgsm_mode: str = "off", fgsm_epsilon: float = 5e-9,
@@ -171,7 +174,7 @@ class MoCoSELoss(nn.Module):
             queue_init_size = min(128, max(queue_size, 0))
         self.settings = dict(
             queue_size=queue_size, queue_init_size=queue_init_size, ema_decay=ema_decay, ema_decay_end=ema_decay_end,
-            temperature=temperature, in_batch_negatives=in_batch_negatives, projection_layers=projection_layers,
+            ema_decay_horizon=ema_decay_horizon, temperature=temperature, in_batch_negatives=in_batch_negatives, projection_layers=projection_layers,
             predictor_layers=predictor_layers, predictor_dim=predictor_dim, head_dropout=head_dropout,
             head_init=head_init, target_dropout=target_dropout, fgsm_mode=fgsm_mode, fgsm_epsilon=fgsm_epsilon,
             fgsm_views=fgsm_views, fgsm_epsilon_unit=fgsm_epsilon_unit,
@@ -180,15 +183,14 @@ class MoCoSELoss(nn.Module):
                                                                 "predictor_layers", "predictor_dim", "head_dropout", "head_init")})
         if not temperature > 0:
             raise ValueError(f"temperature (tau) must be > 0, got {temperature!r}.")
-        validate_ema_decay(ema_decay, ema_decay_end, names=("ema_decay", "ema_decay_end"))
+        validate_ema_decay(ema_decay, ema_decay_end, ema_decay_horizon, names=("ema_decay", "ema_decay_end"))
         self.fgsm = FGSMPerturbation(fgsm_mode, fgsm_epsilon, fgsm_views, fgsm_epsilon_unit)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
         hidden = model.get_embedding_dimension()
         if not hidden:
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
-        self.ema_decay, self.ema_decay_end, self.temperature = ema_decay, ema_decay_end, temperature
-        self.in_batch_negatives, self.target_dropout = in_batch_negatives, target_dropout
+        self.temperature, self.in_batch_negatives, self.target_dropout = temperature, in_batch_negatives, target_dropout
 
         self.model = model
         self.online_head = nn.Sequential(OrderedDict(

@@ -97,6 +97,8 @@ def test_ema_pairs_and_update_rule(tiny_encoder):
     loss.callback.update(0.9)
     for o, t, old in zip(online, target, before):
         assert torch.allclose(t, 0.9 * old + 0.1 * o, atol=1e-6)
+    horizon = MoCoSELoss(model, queue_size=8, ema_decay_horizon=100).callback  # the reference code's fixed ramp
+    assert horizon.decay_at(50, 4) == pytest.approx(ema_decay_at(50, 4, 0.75, 0.95, 100)) == pytest.approx(0.85)
 
 
 def test_identity_head_init_and_a_head_learning_rate(tiny_encoder, tmp_path):
@@ -256,6 +258,7 @@ def test_evaluation_loss_leaves_the_queue_alone(tiny_encoder, tmp_path):
     (dict(queue_size=8, queue_init_size=9), "queue_init_size"),
     (dict(ema_decay=1.5), "ema_decay must be"),
     (dict(ema_decay_end=-0.1), "ema_decay_end"),
+    (dict(ema_decay_horizon=0), "ema_decay_horizon"),
     (dict(fgsm_mode="sometimes"), "fgsm_mode"),
     (dict(fgsm_epsilon=-1.0), "fgsm_epsilon"),
     (dict(predictor_layers=-1), "predictor_layers"),
