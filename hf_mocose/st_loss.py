@@ -158,11 +158,10 @@ class MoCoSELoss(nn.Module):
 
     def __init__(self, model: SentenceTransformer, queue_size: int = 512, queue_init_size: int | None = None,
                  ema_decay: float = 0.75, ema_decay_end: float = 0.95, ema_decay_horizon: int | None = None,
-                 temperature: float = 0.05,
-                 in_batch_negatives: bool = True, projection_layers: int = 1, predictor_layers: int = 2,
-                 predictor_dim: int | None = None, head_dropout: float = 0.1, head_init: str = "random",
-                 target_dropout: bool = True, fgsm_mode: str = "off", fgsm_epsilon: float = 5e-9,
-                 fgsm_views: str = "both", fgsm_epsilon_unit: str = "absolute"):
+                 temperature: float = 0.05, in_batch_negatives: bool = True, projection_layers: int = 1,
+                 predictor_layers: int = 2, predictor_dim: int | None = None, head_dropout: float = 0.1,
+                 head_init: str = "random", target_dropout: bool = True, fgsm_mode: str = "off",
+                 fgsm_epsilon: float = 5e-9, fgsm_views: str = "both", fgsm_epsilon_unit: str = "absolute"):
         super().__init__()
         if not isinstance(model, SentenceTransformer):
             raise TypeError(f"MoCoSELoss trains a sentence_transformers.SentenceTransformer, got {type(model).__name__}.")
@@ -174,10 +173,10 @@ class MoCoSELoss(nn.Module):
             queue_init_size = min(128, max(queue_size, 0))
         self.settings = dict(
             queue_size=queue_size, queue_init_size=queue_init_size, ema_decay=ema_decay, ema_decay_end=ema_decay_end,
-            ema_decay_horizon=ema_decay_horizon, temperature=temperature, in_batch_negatives=in_batch_negatives, projection_layers=projection_layers,
-            predictor_layers=predictor_layers, predictor_dim=predictor_dim, head_dropout=head_dropout,
-            head_init=head_init, target_dropout=target_dropout, fgsm_mode=fgsm_mode, fgsm_epsilon=fgsm_epsilon,
-            fgsm_views=fgsm_views, fgsm_epsilon_unit=fgsm_epsilon_unit,
+            ema_decay_horizon=ema_decay_horizon, temperature=temperature, in_batch_negatives=in_batch_negatives,
+            projection_layers=projection_layers, predictor_layers=predictor_layers, predictor_dim=predictor_dim,
+            head_dropout=head_dropout, head_init=head_init, target_dropout=target_dropout, fgsm_mode=fgsm_mode,
+            fgsm_epsilon=fgsm_epsilon, fgsm_views=fgsm_views, fgsm_epsilon_unit=fgsm_epsilon_unit,
         )
         validate_method_hparams({k: self.settings[k] for k in ("queue_size", "queue_init_size", "projection_layers",
                                                                 "predictor_layers", "predictor_dim", "head_dropout", "head_init")})
