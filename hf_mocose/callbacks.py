@@ -2,26 +2,60 @@
 
 Runs once per optimizer step (after `optimizer.step()`), never inside `forward`: under gradient
 accumulation a `forward`-time update would run once per micro-batch, and on stray forwards (eval).
+One implementation serves both front ends: `MoCoSEModel` (for `MoCoSETrainer`) and `MoCoSELoss`
+(for `SentenceTransformerTrainer`) each describe their online/target pairs with `ema_tensor_pairs`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
+from torch import nn
 from transformers import TrainerCallback
 
 # The reference code (xbdxwyh/mocose, class EMA) ramps eta over this many steps whatever the run length.
 REFERENCE_EMA_HORIZON = 15000
 
+EMATensorPairs = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
-def validate_ema_decay(start: float, end: float, horizon: int | None = None) -> None:
-    for name, value in (("ema_decay_start", start), ("ema_decay_end", end)):
+
+def validate_ema_decay(start: float, end: float, horizon: int | None = None,
+                       names: tuple[str, str] = ("ema_decay_start", "ema_decay_end")) -> None:
+    """Raises a `ValueError` naming the argument (`names`) whose decay lies outside [0, 1], or a bad horizon."""
+    for name, value in zip(names, (start, end)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
         raise ValueError(f"ema_decay_horizon must be a whole number of optimizer steps >= 1 (or None for the "
                          f"run length), got {horizon!r}.")
+
+
+def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: Iterable[torch.Tensor] = ()) -> EMATensorPairs:
+    """Matching tensors of online modules and their target copies, for the EMA update.
+
+    Parameters are paired by name; floating buffers that both modules have are paired too (they
+    are copied, not interpolated). Tensors in `skip` (e.g. word embeddings both branches share)
+    are left out.
+
+    Returns:
+        `(online_params, target_params, online_buffers, target_buffers)`.
+    """
+    skipped = {id(t) for t in skip}
+    online_params, target_params, online_buffers, target_buffers = [], [], [], []
+    for online, target in module_pairs:
+        target_named = dict(target.named_parameters())
+        for name, param in online.named_parameters():
+            if id(param) not in skipped:
+                online_params.append(param)
+                target_params.append(target_named[name])
+        target_named_buffers = dict(target.named_buffers())
+        for name, buffer in online.named_buffers():
+            if name in target_named_buffers and buffer.is_floating_point():
+                online_buffers.append(buffer)
+                target_buffers.append(target_named_buffers[name])
+    return online_params, target_params, online_buffers, target_buffers
 
 
 def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon: int | None = None) -> float:
@@ -55,7 +89,8 @@ class EMATargetCallback(TrainerCallback):
     once; floating buffers are copied. The decay follows `ema_decay_at(global_step)`.
 
     Args:
-        model: the (unwrapped) `MoCoSEModel`.
+        model: what owns both branches and names their pairs with `ema_parameter_pairs()`: the
+            (unwrapped) `MoCoSEModel`, or a `MoCoSELoss`.
         decay_start, decay_end: eta at the first step and at the end of the ramp.
         horizon: optimizer steps the ramp takes (None: the run's `max_steps`).
     """

@@ -36,6 +36,18 @@ def init_head_linear(linear: nn.Linear, std: float = 0.02) -> None:
         linear.bias.zero_()
 
 
+def init_head_weights(module: nn.Module, std: float) -> None:
+    """BERT-style init of one module (use with `Module.apply`): Linears by `init_head_linear` (as marked:
+    normal(0, std) or identity), Embedding weights ~ N(0, std), LayerNorm 1 and 0."""
+    if isinstance(module, nn.Linear):
+        init_head_linear(module, std)  # encoder Linears are unmarked: normal(0, std)
+    elif isinstance(module, nn.LayerNorm):
+        module.weight.data.fill_(1.0)
+        module.bias.data.zero_()
+    elif isinstance(module, nn.Embedding):
+        module.weight.data.normal_(0.0, std)
+
+
 def _blocks(dims: list[int], dropout: float, init: str) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for d_in, d_out in zip(dims[:-1], dims[1:]):

@@ -23,8 +23,9 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import ModelOutput
 
+from .callbacks import EMATensorPairs, ema_tensor_pairs
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
-from .heads import build_predictor, build_projection, head_linear, init_head_linear
+from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
 
@@ -206,14 +207,7 @@ class MoCoSEModel(PreTrainedModel):
         return model
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = getattr(self.config.encoder_config, "initializer_range", 0.02)
-        if isinstance(module, nn.Linear):
-            init_head_linear(module, std)  # encoder Linears are unmarked: normal(0, std)
-        elif isinstance(module, nn.LayerNorm):
-            module.weight.data.fill_(1.0)
-            module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(0.0, std)
+        init_head_weights(module, getattr(self.config.encoder_config, "initializer_range", 0.02))
 
     def head_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
@@ -227,28 +221,16 @@ class MoCoSEModel(PreTrainedModel):
             return []
         return [self.target_encoder, self.target_pooler, self.target_projection]
 
-    def ema_parameter_pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def ema_parameter_pairs(self) -> EMATensorPairs:
         """Matching tensors of both branches, for the EMA update.
 
         Returns:
             `(online_params, target_params, online_buffers, target_buffers)`; the shared word
             embeddings are left out.
         """
-        online_params, target_params, online_buffers, target_buffers = [], [], [], []
+        online = (self.online_encoder, self.online_pooler, self.online_projection)
         shared = self.online_encoder.get_input_embeddings().weight
-        pairs = zip((self.online_encoder, self.online_pooler, self.online_projection), self.target_modules())
-        for online, target in pairs:
-            target_named = dict(target.named_parameters())
-            for name, param in online.named_parameters():
-                if param is not shared:
-                    online_params.append(param)
-                    target_params.append(target_named[name])
-            target_named_buffers = dict(target.named_buffers())
-            for name, buffer in online.named_buffers():
-                if name in target_named_buffers and buffer.is_floating_point():
-                    online_buffers.append(buffer)
-                    target_buffers.append(target_named_buffers[name])
-        return online_params, target_params, online_buffers, target_buffers
+        return ema_tensor_pairs(zip(online, self.target_modules()), skip=[shared])
 
     @torch.no_grad()
     def copy_online_to_target(self) -> None:

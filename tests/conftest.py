@@ -138,3 +138,38 @@ def run_cli(argv, capsys):
     code = cli.main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", dropout=None):
+    """A `SentenceTransformer` (Transformer + Pooling) around the tiny encoder; `dropout` overrides its rates."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    config_kwargs = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    transformer = Transformer(encoder_path, max_seq_length=max_seq_length, config_kwargs=config_kwargs)
+    return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling)])
+
+
+def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
+                    callbacks=None, init_seed=0, **overrides):
+    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder.
+
+    `init_seed` seeds the random heads and queue (the Trainer then seeds the run with `seed`)."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from transformers import set_seed
+
+    from hf_mocose import MoCoSELoss
+    from hf_mocose.data import python_docs_sentences
+
+    set_seed(init_seed)
+    model = tiny_sentence_transformer(encoder_path, **(model_kwargs or {}))
+    loss = MoCoSELoss(model, **{"queue_size": 10, "queue_init_size": 3, **(loss_kwargs or {})})
+    if dataset is None:
+        dataset = Dataset.from_dict({"text": python_docs_sentences()[:n_sentences]})
+    defaults = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    args = SentenceTransformerTrainingArguments(**{**defaults, **overrides})
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks)

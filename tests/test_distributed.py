@@ -16,6 +16,7 @@ import pytest
 import torch
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
+ST_WORKER = Path(__file__).with_name("st_ddp_worker.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
@@ -25,14 +26,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args, n_proc, out_dir):
+def _run(args, n_proc, out_dir, worker=WORKER):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     if n_proc == 1:
-        cmd = [sys.executable, str(WORKER), *args]
+        cmd = [sys.executable, str(worker), *args]
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), str(WORKER), *args]
+               "--main_process_port", str(_free_port()), str(worker), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     results = [torch.load(out_dir / f"rank{r}.pt") for r in range(n_proc) if (out_dir / f"rank{r}.pt").is_file()]
     assert len(results) == n_proc, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -109,3 +110,45 @@ def test_ifcl_without_in_batch_negatives_with_fraternal_view(tiny_encoder, tmp_p
 def test_una_as_in_its_paper(tiny_encoder, tmp_path):
     """UNA sentences as anchors: each is matched with its own key (rank offsets) and sits in every denominator."""
     _two_vs_one(tiny_encoder, tmp_path, 3, "mocose", {"reversed_una": True, "una_frequency": 2, "una_usage": "paper"})
+
+
+# ----------------------------------------------------------------- MoCoSELoss under SentenceTransformerTrainer
+@pytest.fixture(scope="module")
+def st_runs(tiny_encoder, tmp_path_factory):
+    two = tmp_path_factory.mktemp("st_two")
+    one = tmp_path_factory.mktemp("st_one")
+    return {
+        "two": _run([tiny_encoder, str(two), "4", "4"], 2, two, worker=ST_WORKER),
+        "one": _run([tiny_encoder, str(one), "8", "4"], 1, one, worker=ST_WORKER),
+        "two_dir": two,
+    }
+
+
+def test_st_loss_ranks_hold_identical_targets_queues_and_heads(st_runs):
+    rank0, rank1 = st_runs["two"]
+    assert [rank0["world_size"], rank1["world_size"]] == [2, 2]
+    for name in rank0["state"]:
+        assert torch.equal(rank0["state"][name], rank1["state"][name]), name
+    assert int(rank0["state"]["queue.queue_fill"]) == 4 + 4 * 8  # K_s + steps x global batch: both ranks' keys
+
+
+def test_st_loss_head_gradients_are_averaged_over_ranks(st_runs):
+    rank0, rank1, single = st_runs["two"][0], st_runs["two"][1], st_runs["one"][0]
+    assert len(rank0["head_grads"]) == len(single["head_grads"]) == 4
+    for step0, step1, step_single in zip(rank0["head_grads"], rank1["head_grads"], single["head_grads"]):
+        for name in step0:
+            assert torch.equal(step0[name], step1[name]), name
+            assert torch.allclose(step0[name], step_single[name], atol=1e-5), name
+
+
+def test_st_loss_two_processes_match_one_process_with_same_global_batch(st_runs):
+    _assert_states_close(st_runs["two"][0]["state"], st_runs["one"][0]["state"], atol=1e-5)
+    assert st_runs["two"][0]["losses"] == pytest.approx(st_runs["one"][0]["losses"], abs=1e-5)
+
+
+def test_st_loss_resume_in_two_processes(st_runs, tiny_encoder, tmp_path):
+    checkpoint = st_runs["two_dir"] / "checkpoint-2"
+    assert (checkpoint / "mocose_loss" / "state.pt").is_file()
+    resumed = _run([tiny_encoder, str(tmp_path), "4", "4", str(checkpoint)], 2, tmp_path, worker=ST_WORKER)
+    _assert_states_close(resumed[0]["state"], st_runs["two"][0]["state"], atol=1e-6)
+    assert resumed[0]["losses"][-2:] == pytest.approx(st_runs["two"][0]["losses"][-2:], abs=1e-6)

@@ -198,9 +198,10 @@ def test_augmentations_never_reach_evaluation(tiny_encoder, tmp_path):
     clean = make_trainer(tiny_encoder, tmp_path / "c", fgsm_mode="off")
     clean.model.load_state_dict(augmented.model.state_dict())
     augmented.model.train()  # even a model left in training mode embeds its sentences unaugmented
-    scores = [{k: v for k, v in t.evaluate(pairs).items() if k.endswith(("_spearman", "_pearson"))}
-              for t in (augmented, clean)]
-    assert scores[0] == scores[1] and len(scores[0]) == 2  # timings differ; the scores must not
+    def scores(trainer):  # the STS scores; evaluate() also reports runtimes, which differ run to run
+        return {k: v for k, v in trainer.evaluate(pairs).items() if "stsb" in k}
+
+    assert scores(augmented) == scores(clean)
 
 
 def test_bad_augmentation_views(tmp_path):
