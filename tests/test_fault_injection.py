@@ -338,7 +338,8 @@ def test_hub_token_is_never_written_nor_uploaded(tiny_encoder, tmp_path):
         run = subprocess.run(
             [sys.executable, str(REPO_ROOT / "scripts" / "train.py"),
              *train_argv(tiny_encoder, out, "--push_to_hub", "true", "--hub_token", token, "--hub_model_id",
-                         "alice/run", "--hub_strategy", "all_checkpoints", "--export_sentence_transformers", "true",
+                         "alice/run", "--hub_strategy", "all_checkpoints", "--hub_always_push", "true",
+                         "--export_sentence_transformers", "true",
                          steps=4)],
             env=env, capture_output=True, text=True, timeout=600)
     finally:
