@@ -82,6 +82,21 @@ def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: in
     return min(start, last), max(start, last)
 
 
+def refuse_sharded_ema(owner: str, fsdp: bool, zero_stage: int | None) -> None:
+    """The EMA target keeps references to whole parameters: refuses FSDP and DeepSpeed ZeRO-3.
+
+    They shard and replace parameters, so the EMA would interpolate emptied tensors and the target
+    would silently stop following the online branch (docs/distributed.md). DDP and ZeRO-1/2 keep
+    parameters whole. `owner` names what refuses (e.g. "method='mocose'", "MoCoSELoss").
+    """
+    if fsdp:
+        raise ValueError(f"{owner} does not support FSDP yet (the EMA target needs unsharded parameters): "
+                         "launch with DDP or DeepSpeed ZeRO-1/2 (configs/accelerate/ddp.yaml, zero2.yaml).")
+    if zero_stage == 3:
+        raise ValueError(f"{owner} does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs unsharded "
+                         "parameters): use zero_stage 1 or 2 (configs/accelerate/zero2.yaml) or DDP.")
+
+
 class EMATargetCallback(TrainerCallback):
     """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
 

@@ -43,7 +43,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .augmentation import FGSMPerturbation
-from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, validate_ema_decay
+from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, refuse_sharded_ema, validate_ema_decay
 from .configuration import validate_method_hparams
 from .losses import ContrastiveLossOutput, info_nce_loss
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
@@ -89,8 +89,7 @@ def _word_embeddings(model: SentenceTransformer) -> nn.Module:
 
 
 def _check_unsharded() -> None:
-    """The EMA keeps references to whole parameters: refuse FSDP and ZeRO-3, which shard and replace them
-    (the same limit as `MoCoSETrainer`; docs/distributed.md)."""
+    """The same limit as `MoCoSETrainer`: no FSDP, no ZeRO-3 (`refuse_sharded_ema`)."""
     from accelerate.state import AcceleratorState, is_initialized
     from accelerate.utils import DistributedType
 
@@ -98,10 +97,8 @@ def _check_unsharded() -> None:
         return
     state = AcceleratorState()
     plugin = getattr(state, "deepspeed_plugin", None)
-    if state.distributed_type == DistributedType.FSDP or (
-            state.distributed_type == DistributedType.DEEPSPEED and plugin is not None and plugin.zero_stage == 3):
-        raise ValueError("MoCoSELoss does not support FSDP or DeepSpeed ZeRO stage 3 yet (the EMA target needs "
-                         "unsharded parameters): launch with DDP or DeepSpeed ZeRO-1/2.")
+    zero_stage = plugin.zero_stage if state.distributed_type == DistributedType.DEEPSPEED and plugin else None
+    refuse_sharded_ema("MoCoSELoss", state.distributed_type == DistributedType.FSDP, zero_stage)
 
 
 def _parts(dataset) -> list:

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
+from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range, refuse_sharded_ema
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
 from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
@@ -145,21 +145,12 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                 )
 
     def _check_sharding(self, config) -> None:
-        """The EMA target needs whole parameters on every rank: refuse strategies that shard them.
-
-        Under FSDP and DeepSpeed ZeRO-3 the EMA would interpolate emptied or replaced tensors and the
-        target would silently stop following the online branch (see docs/distributed.md). DDP and
-        ZeRO-1/2 keep parameters whole; SimCSE and IFCL have no target and run anywhere.
-        """
+        """The EMA target needs whole parameters on every rank (`refuse_sharded_ema`); SimCSE and IFCL
+        have no target and run anywhere."""
         if not config.uses_target:
             return
-        if self.is_fsdp_enabled:
-            raise ValueError("method='mocose' does not support FSDP yet (the EMA target needs unsharded parameters): "
-                             "launch with DDP or DeepSpeed ZeRO-1/2 (configs/accelerate/ddp.yaml, zero2.yaml).")
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
-        if plugin is not None and plugin.zero_stage == 3:
-            raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
-                             "unsharded parameters): use zero_stage 1 or 2 (configs/accelerate/zero2.yaml) or DDP.")
+        refuse_sharded_ema("method='mocose'", self.is_fsdp_enabled, plugin.zero_stage if plugin is not None else None)
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
