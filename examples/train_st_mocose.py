@@ -52,7 +52,7 @@ class ExampleArguments:
     ema_decay: float = field(default=0.75, metadata={"help": "EMA decay at the first optimizer step."})
     ema_decay_end: float = field(default=0.95, metadata={"help": "EMA decay at the last optimizer step."})
     temperature: float = field(default=0.05, metadata={"help": "InfoNCE temperature."})
-    head_init: str = field(default="random", metadata={"help": "Head Linears: random (the paper's) or identity."})
+    head_init: str = field(default="identity", metadata={"help": "Head Linears: identity (the default) or random (the paper's)."})
     fgsm_mode: str = field(default="off", metadata={"help": "FGSM on the word embeddings: off, exact or previous."})
 
 

@@ -66,7 +66,7 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     predictor_dim = values.get("predictor_dim")
     if predictor_dim is not None and predictor_dim < 1:
         raise ValueError(f"predictor_dim must be >= 1 (or None for the hidden size), got {predictor_dim!r}.")
-    head_init = values.get("head_init", "random")
+    head_init = values.get("head_init", "identity")
     if head_init not in HEAD_INITS:
         raise ValueError(f"Unknown head_init {head_init!r}; choose one of {', '.join(HEAD_INITS)}.")
     if not 0 <= values.get("head_dropout", 0.1) < 1:
@@ -116,7 +116,7 @@ class MoCoSEConfig(PretrainedConfig):
             Width of the predictor's hidden blocks; defaults to the encoder's hidden size.
         head_dropout (`float`, defaults to 0.1):
             Dropout in the projection and predictor blocks.
-        head_init (`str`, defaults to `"random"`):
+        head_init (`str`, defaults to `"identity"`):
             Initialisation of the head Linears the checkpoint does not provide (projection, predictor, and the
             pooler when the encoder has no pooler dense layer). `"random"`: normal(0, initializer_range), as the
             paper and its reference code. `"identity"`: identity matrices and zero biases, so that at step 0 the
@@ -161,7 +161,7 @@ class MoCoSEConfig(PretrainedConfig):
         predictor_layers: int = 2,
         predictor_dim: int | None = None,
         head_dropout: float = 0.1,
-        head_init: str = "random",
+        head_init: str = "identity",
         contrastive_temperature: float = 0.05,
         queue_size: int = 512,
         queue_init_size: int = 128,

@@ -157,7 +157,7 @@ class MoCoSELoss(nn.Module):
                  ema_decay: float = 0.75, ema_decay_end: float = 0.95, ema_decay_horizon: int | None = None,
                  temperature: float = 0.05, in_batch_negatives: bool = True, projection_layers: int = 1,
                  predictor_layers: int = 2, predictor_dim: int | None = None, head_dropout: float = 0.1,
-                 head_init: str = "random", target_dropout: bool = True, fgsm_mode: str = "off",
+                 head_init: str = "identity", target_dropout: bool = True, fgsm_mode: str = "off",
                  fgsm_epsilon: float = 5e-9, fgsm_views: str = "both", fgsm_epsilon_unit: str = "absolute"):
         super().__init__()
         if not isinstance(model, SentenceTransformer):

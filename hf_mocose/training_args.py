@@ -36,9 +36,10 @@ class MoCoSETrainingArguments(TrainingArguments):
     predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
     predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = hidden size.
     head_dropout (`float`, defaults to `0.1`): *(model)* dropout in projection/predictor blocks.
-    head_init (`str`, defaults to `"random"`): *(model)* `random` (the paper's) or `identity` head Linears.
-    head_learning_rate (`float` or `None`, defaults to `None`): learning rate of the online heads (pooler,
-        projection, predictor); None = `learning_rate`.
+    head_init (`str`, defaults to `"identity"`): *(model)* `identity` (the query starts at the key) or `random`
+        (the paper's) head Linears.
+    head_learning_rate (`float` or `None`, defaults to `1e-3`): learning rate of the online heads (pooler,
+        projection, predictor); None = `learning_rate` (the paper's).
     encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
     target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
     max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence in training (longer ones are truncated);
@@ -131,12 +132,13 @@ class MoCoSETrainingArguments(TrainingArguments):
     predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default hidden size."})
     head_dropout: float = field(default=0.1, metadata={"help": "(model) Dropout in projection and predictor blocks."})
     head_init: str = field(
-        default="random",
+        default="identity",
         metadata={"help": f"(model) Head Linear initialisation: {', '.join(HEAD_INITS)} (random = the paper's)."},
     )
     head_learning_rate: float | None = field(
-        default=None,
-        metadata={"help": "Learning rate of the online heads (pooler, projection, predictor); default learning_rate."},
+        default=1e-3,
+        metadata={"help": "Learning rate of the online heads (pooler, projection, predictor); null = learning_rate "
+                          "(the paper's)."},
     )
     encoder_dropout: float | None = field(
         default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}

@@ -19,7 +19,8 @@ keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults):
   mocose_no_heads        paper without projection and predictor (pooler only)
   mocose_identity_fgsm_off / mocose_identity_fgsm_rms  identity heads with FGSM off / at 1% of the
                          embedding RMS (fgsm_epsilon_unit=embedding_rms, fgsm_epsilon=0.01)
-  simcse                 `MoCoSETrainer`, method="simcse" (two dropout views, in-batch negatives)
+  simcse                 `MoCoSETrainer`, method="simcse" (two dropout views, in-batch negatives), with
+                         the paper's random heads at one learning rate
   st_mnrl                `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
                          Transformer + Pooling(cls): the SimCSE recipe of sentence-transformers
 
@@ -69,7 +70,7 @@ PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previo
          "fgsm_epsilon_unit": "absolute"}
 # name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart.
 VARIANTS: dict[str, dict | None] = {
-    "mocose": {"method": "mocose"},
+    "mocose": {"method": "mocose"},  # the library defaults (identity heads at head_learning_rate 1e-3)
     "mocose_paper": {"method": "mocose", **PAPER},
     "mocose_identity": {"method": "mocose", **PAPER, "head_init": "identity"},
     "mocose_head_lr": {"method": "mocose", **PAPER, "head_learning_rate": 1e-3},
@@ -78,7 +79,8 @@ VARIANTS: dict[str, dict | None] = {
     "mocose_identity_fgsm_off": {"method": "mocose", **PAPER, "head_init": "identity", "fgsm_mode": "off"},
     "mocose_identity_fgsm_rms": {"method": "mocose", **PAPER, "head_init": "identity",
                                  "fgsm_epsilon_unit": "embedding_rms", "fgsm_epsilon": 0.01},
-    "simcse": {"method": "simcse", "fgsm_mode": "off"},
+    # SimCSE as its paper trains it (random heads at learning_rate), whatever the library defaults are.
+    "simcse": {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None},
     "st_mnrl": None,
 }
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")

@@ -154,10 +154,14 @@ def test_identity_head_init_makes_the_query_a_squashed_key(tiny_encoder):
     assert torch.equal(model.online_pooler.weight, plain.pooler.dense.weight)
 
 
-def test_random_head_init_is_the_default_and_survives_save_load(tiny_encoder, tmp_path):
+def test_identity_head_init_is_the_default_and_head_inits_survive_save_load(tiny_encoder, tmp_path):
     model = MoCoSEModel.from_pretrained(tiny_encoder, **SMALL)
-    assert model.config.head_init == "random"
-    assert not torch.equal(model.predictor[0].weight, torch.eye(32))
+    assert model.config.head_init == "identity"
+    assert torch.equal(model.predictor[0].weight, torch.eye(32))
+    paper = MoCoSEModel.from_pretrained(tiny_encoder, head_init="random", **SMALL)
+    assert not torch.equal(paper.predictor[0].weight, torch.eye(32))
+    paper.save_pretrained(tmp_path / "paper")
+    assert MoCoSEModel.from_pretrained(tmp_path / "paper").config.head_init == "random"
     identity = MoCoSEModel.from_pretrained(tiny_encoder, head_init="identity", predictor_dim=48, **SMALL)
     assert identity.predictor[0].weight.shape == (48, 32)
     assert torch.equal(identity.predictor[0].weight, torch.eye(48, 32))  # rectangular identity

@@ -102,10 +102,9 @@ def test_ema_pairs_and_update_rule(tiny_encoder):
 
 
 def test_identity_head_init_and_a_head_learning_rate(tiny_encoder, tmp_path):
-    """head_init reaches the heads through the shared builders; sentence-transformers' learning_rate_mapping
-    gives the heads their own learning rate."""
-    trainer = make_st_trainer(tiny_encoder, tmp_path, loss_kwargs=dict(head_init="identity"),
-                              learning_rate_mapping={r"online_head\.": 1e-2})
+    """head_init (identity by default, as MoCoSETrainer's) reaches the heads through the shared builders;
+    sentence-transformers' learning_rate_mapping gives the heads their own learning rate."""
+    trainer = make_st_trainer(tiny_encoder, tmp_path, learning_rate_mapping={r"online_head\.": 1e-2})
     loss = trainer.loss
     linears = [m for m in loss.online_head.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 1 + 1 + 2  # pooler, projection, predictor
@@ -115,6 +114,8 @@ def test_identity_head_init_and_a_head_learning_rate(tiny_encoder, tmp_path):
     lr = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
     assert {lr[id(p)] for p in loss.online_head.parameters()} == {1e-2}
     assert {lr[id(p)] for p in trainer.model.parameters()} == {1e-3}
+    paper = make_st_trainer(tiny_encoder, tmp_path / "paper", loss_kwargs=dict(head_init="random")).loss
+    assert not torch.equal(paper.online_head.predictor[0].weight, torch.eye(32))
 
 
 def test_one_ema_update_per_optimizer_step_under_accumulation(tiny_encoder, tmp_path, monkeypatch):

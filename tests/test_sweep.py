@@ -99,3 +99,22 @@ def test_recipes_and_grids_say_which_seed_setting_they_reproduce(tmp_path):
     assert [(a.ema_decay_start, a.ema_decay_end, a.ema_decay_horizon) for a in reference] == [(0.75, 1.0, 15000)]
     table5 = _parsed_runs(recipes / "ablations" / "table5-augmentations.yaml", tmp_path)
     assert {a.augmentation_views for a in table5.values()} == {"both"}  # as the reference code
+
+
+def test_paper_recipes_keep_the_papers_heads_and_fgsm_whatever_the_defaults(tmp_path):
+    """The library defaults are identity heads at 1e-3 (docs/quality.md); every paper recipe, and so every
+    ablation grid built on one, still trains the paper's random heads at one learning rate with FGSM 5e-9."""
+    from hf_mocose.training import parse_args
+    from hf_mocose.training_args import MoCoSETrainingArguments
+
+    default = MoCoSETrainingArguments(output_dir=str(tmp_path / "d"))
+    assert (default.head_init, default.head_learning_rate) == ("identity", 1e-3)
+    recipes = REPO / "training_args"
+    for recipe in ("mocose-bert-base.yaml", "mocose-bert-large.yaml", "mocose-una-bert-base.yaml",
+                   "simcse-bert-base.yaml", "ifcl-bert-base.yaml"):
+        _, args = parse_args([str(recipes / recipe)])
+        assert (args.head_init, args.head_learning_rate) == ("random", None), recipe
+        assert (args.fgsm_epsilon, args.fgsm_epsilon_unit) == (5e-9, "absolute"), recipe
+    for grid in ("table4-6a-heads.yaml", "table8-queue-slices.yaml"):
+        for args in _parsed_runs(recipes / "ablations" / grid, tmp_path).values():
+            assert (args.head_init, args.head_learning_rate) == ("random", None), grid
