@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -94,10 +95,33 @@ class ScriptArguments:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}.")
 
 
+def _null_or(convert):
+    """`convert`, except that `null`/`none` (any case) give None, as `null` does in a YAML recipe."""
+
+    def parse(text: str):
+        return None if text.strip().lower() in ("null", "none") else convert(text)
+
+    parse.__name__ = f"{getattr(convert, '__name__', 'value')} (or null)"  # argparse names it in errors
+    return parse
+
+
+def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) -> None:
+    """Lets `--field null` reset an optional number whose default is not None (e.g. `--head_learning_rate
+    null` = the encoder's learning rate); argparse would otherwise refuse anything but a number."""
+    optional = set()
+    for cls in dataclass_types:
+        hints = typing.get_type_hints(cls)
+        optional |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
+    for action in parser._actions:
+        if action.dest in optional and action.type in (int, float):
+            action.type = _null_or(action.type)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
     """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments))
+    accept_null_for_optional_numbers(parser, (ScriptArguments, MoCoSETrainingArguments))
     if argv and argv[0].endswith((".yaml", ".yml")):
         recipe_path = Path(argv.pop(0))
         if not recipe_path.is_file():

@@ -66,6 +66,21 @@ def test_recipe_plus_command_line_overrides(tmp_path):
     assert args.contrastive_temperature == 0.05 and args.ddp_broadcast_buffers is False
 
 
+def test_null_on_the_command_line_resets_an_optional_number(tmp_path, capsys):
+    """`--head_learning_rate null` gives the paper's single learning rate, as `null` does in a recipe."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"train_file": "x.txt", "output_dir": str(tmp_path)}))
+    assert parse_args([str(recipe)])[1].head_learning_rate == 1e-3  # the default
+    _, args = parse_args([str(recipe), "--head_learning_rate", "null", "--ema_decay_horizon", "None"])
+    assert args.head_learning_rate is None and args.ema_decay_horizon is None
+    assert parse_args([str(recipe), "--head_learning_rate", "0.01"])[1].head_learning_rate == 0.01
+    with pytest.raises(SystemExit):
+        parse_args([str(recipe), "--head_learning_rate", "fast"])
+    assert "invalid float (or null) value: 'fast'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a number that may not be None still refuses null
+        parse_args([str(recipe), "--queue_size", "null"])
+
+
 def test_recipe_with_unknown_field(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("queue_sise: 64\n")
