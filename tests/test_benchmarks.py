@@ -145,3 +145,16 @@ def test_quality_variant_specs():
               "queue_size": 64})
     with pytest.raises(SystemExit, match="unknown variant 'nope'"):
         quality.parse_variant("nope")
+
+
+def test_diagnose_heads_shows_random_heads_lose_the_key_and_identity_heads_keep_it(tiny_encoder, corpus, tmp_path):
+    """scripts/diagnose_heads.py: the step-0 evidence behind the identity-head default (docs/quality.md)."""
+    diagnose = _load("diagnose_heads")
+    out = tmp_path / "diag.json"
+    results = diagnose.main(["--model", tiny_encoder, "--corpus", corpus, "--n", "16", "--json", str(out)])
+    assert json.loads(out.read_text()) == results
+    paper, identity = results["paper (random heads)"], results["identity heads"]
+    # a tiny random encoder tells sentences apart poorly, so only the contrast is asserted
+    assert identity["pos_cos"] - identity["neg_cos"] > paper["pos_cos"] - paper["neg_cos"]
+    assert paper["pos_cos"] < identity["pos_cos"] - 0.3
+    assert paper["top1"] < identity["top1"]
