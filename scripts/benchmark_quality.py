@@ -4,8 +4,8 @@
 Every variant starts from the same encoder (default all-MiniLM-L6-v2), trains on the same corpus with
 the same batch size, sequence length, learning rate, temperature (0.05; MNRL scale 20) and dropout,
 and gets the same training-time budget. Afterwards each is scored on every STS set present under
-`--senteval_dir` (STS-B dev, STS12, SICK-R trial in `../shared`; the STS12-16, STS-B and SICK-R test
-sets when present), Spearman x100 of the cosine of [CLS] embeddings of whole sentences (truncated
+`--senteval_dir` (STS-B dev and train, STS12, SICK-R trial and train in `../shared`; the
+STS13-16, STS-B and SICK-R test sets when present), Spearman x100 of the cosine of [CLS] embeddings of whole sentences (truncated
 only at `--eval_max_length`, 512 tokens by default, which no STS sentence reaches).
 
 Variants (`--variants`, any mix of the names below and custom `label:key=value,key=value` specs whose
@@ -84,7 +84,8 @@ VARIANTS: dict[str, dict | None] = {
     "st_mnrl": None,
 }
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
-EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "stsb_train", "sickr_train", "sts13", "sts14", "sts15", "sts16", "stsb",
+              "sickr")
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
 DEFAULT_SENTEVAL = REPO.parent / "shared" / "data" / "senteval"
 
