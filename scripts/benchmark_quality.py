@@ -238,8 +238,9 @@ def score_sts(encode, tasks: dict) -> dict[str, float]:
 
 
 def load_corpus(path: str, limit: int | None) -> list[str]:
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return lines[:limit] if limit else lines
+    from hf_mocose.data import load_sentences
+
+    return list(load_sentences(path, max_train_samples=limit)["text"])  # as training reads it
 
 
 def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed: int) -> dict:

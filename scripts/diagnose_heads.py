@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from hf_mocose import MoCoSEModel
+    from hf_mocose.data import load_sentences
     from hf_mocose.training import resolve_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,11 +66,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="write the figures here")
     cfg = parser.parse_args(argv)
     model_path = resolve_model_path(cfg.model)
-    lines = [line.strip() for line in Path(cfg.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = list(load_sentences(cfg.corpus, max_train_samples=cfg.n)["text"])  # as training reads it
     if len(lines) < cfg.n:
         raise SystemExit(f"--corpus {cfg.corpus!r} has {len(lines)} sentences, fewer than --n {cfg.n}.")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    batch = dict(tokenizer(lines[: cfg.n], padding="max_length", truncation=True, max_length=cfg.max_seq_length,
+    batch = dict(tokenizer(lines, padding="max_length", truncation=True, max_length=cfg.max_seq_length,
                            return_tensors="pt"))
     results = {}
     for name, overrides in SETTINGS.items():
