@@ -107,7 +107,9 @@ class MoCoSEConfig(PretrainedConfig):
             coefficients (no target, no predictor).
         sentence_pooling (`str`, defaults to `"cls"`):
             Sentence embedding used for evaluation and export: `"cls"` (last-layer [CLS] state before the
-            pooler Linear, what the paper evaluates), `"cls_dense"` (after it) or `"mean"`.
+            pooler Linear, what the paper evaluates), `"cls_dense"` (after it) or `"mean"`. Training reads the
+            same state: the heads start from the [CLS] state for `"cls"`/`"cls_dense"` and from the masked
+            mean of the token states for `"mean"` (for encoders deployed with mean pooling).
         projection_layers (`int`, defaults to 1):
             Number of Linear(d, d) + LayerNorm + Dropout blocks after the pooler; 0 = none.
         predictor_layers (`int`, defaults to 2):

@@ -5,6 +5,8 @@ Layout (method "mocose"):
     online:  word embeddings (+ FGSM delta) -> online_encoder -> [CLS] -> online_pooler -> online_projection -> predictor = query
     target:  same word embeddings (detached) -> target_encoder -> [CLS] -> target_pooler -> target_projection = key
 
+([CLS] is the masked mean of the token states instead when `sentence_pooling="mean"`.)
+
 The target branch is an EMA copy of the online one (updated by `EMATargetCallback` after each
 optimizer step, never by the optimizer) with one deviation, following the paper: word embeddings
 are shared, so the target encoder keeps only a 1-row placeholder embedding table and always
@@ -248,10 +250,15 @@ class MoCoSEModel(PreTrainedModel):
         return self
 
     # ----------------------------------------------------------------- forward
-    def _encode_cls(self, encoder, inputs_embeds, attention_mask, token_type_ids) -> torch.Tensor:
+    def _encode_sentence(self, encoder, inputs_embeds, attention_mask, token_type_ids) -> torch.Tensor:
+        """`(B, H)` the state the heads read: the [CLS] state, or the masked token mean for `sentence_pooling="mean"`.
+
+        Training reads the same state that evaluation and the export pool (`embed`), so a model kept on
+        mean pooling (e.g. all-MiniLM-L6-v2) is trained on its mean, not on a [CLS] state it never uses.
+        """
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
-        return hidden[:, 0]
+        return pool_sentence_embedding(hidden, attention_mask, "mean" if self.config.sentence_pooling == "mean" else "cls")
 
     def forward(
         self,
@@ -306,7 +313,7 @@ class MoCoSEModel(PreTrainedModel):
         def online(embeddings, mask, types, augmentation=online_augmentation):
             if augmentation is not None:
                 embeddings = augmentation(embeddings, mask)
-            return self._online_head(self._encode_cls(self.online_encoder, embeddings, mask, types))
+            return self._online_head(self._encode_sentence(self.online_encoder, embeddings, mask, types))
 
         def query_branch(embeddings, mask, types):
             query = online(embeddings, mask, types)
@@ -320,7 +327,7 @@ class MoCoSEModel(PreTrainedModel):
                 embeddings = embeddings.detach()
                 if key_augmentation is not None:
                     embeddings = key_augmentation(embeddings, mask)
-                return self._target_head(self._encode_cls(self.target_encoder, embeddings, mask, types))
+                return self._target_head(self._encode_sentence(self.target_encoder, embeddings, mask, types))
 
         query = query_branch(word_embeddings, attention_mask, token_type_ids)
         if positive_input_ids is not None:  # a given positive (e.g. a paraphrase) instead of the sentence itself
@@ -351,7 +358,7 @@ class MoCoSEModel(PreTrainedModel):
         epsilon = self.config.fraternal_fusion
         fused = epsilon * output.word_embeddings + (1.0 - epsilon) * self.fraternal_embeddings(ids)
         mask = torch.maximum(anchor_mask, fraternal_mask)
-        output.fraternal_query = self._online_head(self._encode_cls(self.online_encoder, fused, mask, None))
+        output.fraternal_query = self._online_head(self._encode_sentence(self.online_encoder, fused, mask, None))
         output.input_embeddings = torch.stack(
             [_masked_mean(output.word_embeddings, anchor_mask), _masked_mean(fused, mask)]
         )

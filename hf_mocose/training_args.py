@@ -31,7 +31,8 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     > Parameters that control the model
 
-    sentence_pooling (`str`, defaults to `"cls"`): *(model)* embedding for evaluation/export: `cls`, `cls_dense`, `mean`.
+    sentence_pooling (`str`, defaults to `"cls"`): *(model)* embedding trained, evaluated and exported: `cls`,
+        `cls_dense`, `mean` (the heads read the [CLS] state, or the token mean for `mean`).
     projection_layers (`int`, defaults to `1`): *(model)* Linear+LayerNorm+Dropout blocks after the pooler.
     predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
     predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = hidden size.
@@ -125,7 +126,9 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     # --- Model ---
     sentence_pooling: str = field(
-        default="cls", metadata={"help": f"(model) Sentence embedding: {', '.join(SENTENCE_POOLING_MODES)}."}
+        default="cls",
+        metadata={"help": f"(model) Sentence embedding trained, evaluated and exported: {', '.join(SENTENCE_POOLING_MODES)} "
+                          "(the heads read the [CLS] state, or the token mean for mean)."},
     )
     projection_layers: int = field(default=1, metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."})
     predictor_layers: int = field(default=2, metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."})

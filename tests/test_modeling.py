@@ -174,3 +174,17 @@ def test_identity_head_init_is_the_default_and_head_inits_survive_save_load(tiny
 def test_unknown_head_init_is_refused(tiny_encoder):
     with pytest.raises(ValueError, match="head_init 'zeros'"):
         MoCoSEModel.from_pretrained(tiny_encoder, head_init="zeros", **SMALL)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_heads_read_the_pooled_state_that_embed_returns(tiny_encoder, pooling):
+    """Training reads what evaluation and the export pool: [CLS], or the token mean for sentence_pooling="mean"."""
+    model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", projection_layers=0, sentence_pooling=pooling)
+    model.eval()  # no dropout: both views are the same deterministic function
+    ids, mask = _batch(n=4, length=9)
+    mask[:2, 5:] = 0  # padding: the mean must ignore it
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+        expected = model.online_pooler(model.embed(ids, mask))
+    torch.testing.assert_close(out.query, expected)
+    torch.testing.assert_close(out.key, expected)
