@@ -5,11 +5,15 @@ Every variant starts from the same encoder (default all-MiniLM-L6-v2), trains on
 the same batch size, sequence length, learning rate, temperature (0.05; MNRL scale 20) and dropout,
 and gets the same training-time budget. Afterwards each is scored on every STS set present under
 `--senteval_dir` (STS-B dev and train, STS12, SICK-R trial and train in `../shared`; the
-STS13-16, STS-B and SICK-R test sets when present), Spearman x100 of the cosine of [CLS] embeddings of whole sentences (truncated
-only at `--eval_max_length`, 512 tokens by default, which no STS sentence reaches).
+STS13-16, STS-B and SICK-R test sets when present), Spearman x100 of the cosine of the sentence embeddings of whole
+sentences (truncated only at `--eval_max_length`, 512 tokens by default, which no STS sentence reaches).
+`--pooling` chooses the sentence embedding every variant trains and is scored on: `cls` (the [CLS] state, what
+MoCoSE and SimCSE train) or `mean` (the token mean: how all-MiniLM-L6-v2 is deployed and what
+sentence-transformers users adapt).
 
 Variants (`--variants`, any mix of the names below and custom `label:key=value,key=value` specs whose
-keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults):
+keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults; `front_end=st` trains the same settings
+through `MoCoSELoss`, whose arguments carry the same names):
 
   mocose                 the MoCoSE defaults of this library (see docs/quality.md)
   mocose_paper           the paper's setting: random head init, one learning rate, FGSM 5e-9 absolute
@@ -19,8 +23,13 @@ keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults):
   mocose_no_heads        paper without projection and predictor (pooler only)
   mocose_identity_fgsm_off / mocose_identity_fgsm_rms  identity heads with FGSM off / at 1% of the
                          embedding RMS (fgsm_epsilon_unit=embedding_rms, fgsm_epsilon=0.01)
+  mocose_adapt           the adaptation recipe for an already deployed encoder (training_args/adapt-*.yaml):
+                         see ADAPT below and docs/quality.md
   simcse                 `MoCoSETrainer`, method="simcse" (two dropout views, in-batch negatives), with
                          the paper's random heads at one learning rate
+  st_mocose              the second front end: `SentenceTransformerTrainer` + `MoCoSELoss` with its defaults, on
+                         Transformer + Pooling(--pooling)
+  st_mocose_adapt        the same with the adaptation recipe's settings
   st_mnrl                `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
                          Transformer + Pooling(cls): the SimCSE recipe of sentence-transformers
 
@@ -44,6 +53,7 @@ Usage, from the repository root:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -68,7 +78,10 @@ from benchmark_train import Baton  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
          "fgsm_epsilon_unit": "absolute"}
-# name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart.
+# The adaptation recipe (training_args/adapt-*.yaml; docs/quality.md, "Adapting a deployed model"): settings that
+# keep an already trained sentence encoder where it is while MoCoSE trains it.
+ADAPT: dict = {}
+# name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart, `front_end: st` through MoCoSELoss.
 VARIANTS: dict[str, dict | None] = {
     "mocose": {"method": "mocose"},  # the library defaults (identity heads at head_learning_rate 1e-3)
     "mocose_paper": {"method": "mocose", **PAPER},
@@ -82,6 +95,9 @@ VARIANTS: dict[str, dict | None] = {
     # SimCSE as its paper trains it (random heads at learning_rate), whatever the library defaults are.
     "simcse": {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None},
     "st_mnrl": None,
+    "mocose_adapt": {"method": "mocose", **ADAPT},
+    "st_mocose": {"method": "mocose", "front_end": "st"},
+    "st_mocose_adapt": {"method": "mocose", "front_end": "st", **ADAPT},
 }
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
 EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "stsb_train", "sickr_train", "sts13", "sts14", "sts15", "sts16", "stsb",
@@ -196,7 +212,7 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
 
         transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)
         hidden = transformer.auto_model.config.hidden_size
-        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
+        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode=cfg.pooling)], device=cfg.device)
         dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
         trainer = SentenceTransformerTrainer(
             model=model, args=SentenceTransformerTrainingArguments(**common), train_dataset=dataset,
@@ -204,15 +220,23 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
         )
         return trainer, model, tokenizer
 
+    settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
+                    queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
+                    sentence_pooling=cfg.pooling)
+    settings.update(overrides)
+    # Trainer settings a variant may change (e.g. learning_rate) go to the training arguments of either front end.
+    from transformers import TrainingArguments
+
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    common.update({k: settings.pop(k) for k in list(settings) if k in trainer_fields})
+    if settings.pop("front_end", "trainer") == "st":
+        return build_st_mocose(settings, cfg, model_path, sentences, common)
+
     from hf_mocose import MoCoSEModel
     from hf_mocose.data import tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
     from hf_mocose.training_args import MoCoSETrainingArguments
 
-    settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
-                    queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
-                    sentence_pooling="cls")
-    settings.update(overrides)
     args = MoCoSETrainingArguments(**common, **settings)
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
     tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
@@ -220,8 +244,41 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
     return trainer, model, tokenizer
 
 
+def build_st_mocose(settings: dict, cfg, model_path: str, sentences, common: dict):
+    """`SentenceTransformerTrainer` + `MoCoSELoss` on Transformer + Pooling(--pooling): the second front end.
+
+    The settings carry `MoCoSETrainingArguments` names, which `MoCoSELoss` shares; the ones that are not the
+    loss's (the method, pooling and length, set by the model itself here) are left out.
+    """
+    import inspect
+
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    from hf_mocose import MoCoSELoss
+
+    if settings.pop("method") != "mocose":
+        raise SystemExit("front_end=st trains MoCoSE only (MoCoSELoss)")
+    settings.pop("sentence_pooling")
+    transformer = Transformer(model_path, max_seq_length=settings.pop("max_seq_length"))
+    hidden = transformer.auto_model.config.hidden_size
+    model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode=cfg.pooling)], device=cfg.device)
+    accepted = set(inspect.signature(MoCoSELoss).parameters) - {"model"}
+    unknown = sorted(set(settings) - accepted)
+    if unknown:
+        raise SystemExit(f"front_end=st: MoCoSELoss takes no {', '.join(unknown)}")
+    loss = MoCoSELoss(model, **settings)
+    trainer = SentenceTransformerTrainer(
+        model=model, args=SentenceTransformerTrainingArguments(**common), loss=loss, callbacks=[loss.callback],
+        train_dataset=Dataset.from_dict({"text": sentences}),
+    )
+    return trainer, model, model.tokenizer
+
+
 def encoder_of(model, tokenizer, max_length: int):
-    """sentences -> `(n, hidden)` [CLS] embeddings, for a MoCoSE model or a Transformer+Pooling(cls) ST model."""
+    """sentences -> `(n, hidden)` embeddings, for a MoCoSE model (its `sentence_pooling`) or a Transformer+Pooling ST model."""
     from hf_mocose.evaluation.encoders import encode_with_model
 
     if hasattr(model, "encode") and not hasattr(model, "online_encoder"):  # sentence-transformers
@@ -329,7 +386,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--senteval_dir", default=str(DEFAULT_SENTEVAL), help="SentEval data folder (STS sets scored)")
     parser.add_argument("--tasks", nargs="+", default=list(EVAL_TASKS), help="STS tasks to score, when present")
     parser.add_argument("--eval_max_length", type=int, default=512, help="truncation when encoding STS sentences")
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=64, help="sentences per optimizer step, every variant")
+    parser.add_argument("--pooling", choices=("cls", "mean"), default="cls",
+                        help="sentence embedding trained and scored, for the start and every variant")
     parser.add_argument("--max_seq_length", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=0.05)
@@ -370,10 +429,10 @@ def main(argv=None) -> dict:
     if cfg.schedule_steps is None:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)
 
-    start = MoCoSEModel.from_pretrained(model_path, method="simcse", sentence_pooling="cls")
+    start = MoCoSEModel.from_pretrained(model_path, method="simcse", sentence_pooling=cfg.pooling)
     before = score_sts(encoder_of(start, AutoTokenizer.from_pretrained(model_path), cfg.eval_max_length), tasks)
     del start
-    print(f"before (CLS): {before}", flush=True)
+    print(f"before ({cfg.pooling}): {before}", flush=True)
 
     details = {name: [] for name in variants}
     for seed in cfg.seeds:
@@ -393,7 +452,8 @@ def main(argv=None) -> dict:
         "details": details, "seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "interleave": cfg.interleave,
         "clock": cfg.clock,
         "schedule_steps": cfg.schedule_steps, "corpus": cfg.corpus, "n_sentences": len(sentences),
-        "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length, "learning_rate": cfg.learning_rate,
+        "batch_size": cfg.batch_size, "pooling": cfg.pooling, "max_seq_length": cfg.max_seq_length,
+        "learning_rate": cfg.learning_rate,
         "temperature": cfg.temperature, "eval_max_length": cfg.eval_max_length,
         "command": "python scripts/benchmark_quality.py " + argv_text, "torch_threads": torch.get_num_threads(),
     })

@@ -160,3 +160,22 @@ def test_diagnose_heads_shows_random_heads_lose_the_key_and_identity_heads_keep_
     assert identity["pos_cos"] - identity["neg_cos"] > paper["pos_cos"] - paper["neg_cos"]
     assert paper["pos_cos"] < identity["pos_cos"] - 0.3
     assert paper["top1"] < identity["top1"]
+
+
+def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_encoder, corpus, sts_dev, tmp_path):
+    """--pooling mean: the start, MoCoSE and the ST baseline are all trained and scored on the token mean."""
+    quality = _load("benchmark_quality")
+    senteval = tmp_path / "senteval"
+    (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
+    (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    args = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
+            "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
+            "--max_train_samples", "64", "--clock", "cpu", "--save_models", "--variants", "mocose", "st_mnrl"]
+    mean = quality.main([*args, "--pooling", "mean", "--output_dir", str(tmp_path / "mean")])
+    cls = quality.main([*args, "--pooling", "cls", "--output_dir", str(tmp_path / "cls")])
+    assert mean["pooling"] == "mean" and cls["pooling"] == "cls"
+    assert mean["before"]["stsb_dev"] != cls["before"]["stsb_dev"]  # the start is scored with the chosen pooling
+    from hf_mocose import MoCoSEModel
+
+    trained = MoCoSEModel.from_pretrained(mean["details"]["mocose"][0]["checkpoint"])
+    assert trained.config.sentence_pooling == "mean"
