@@ -28,6 +28,7 @@ from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
+from .sequence_length import sentence_transformers_max_seq_length
 
 # Attribute names that hold dropout probabilities in the common encoder configs.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
@@ -175,8 +176,6 @@ class MoCoSEModel(PreTrainedModel):
             model.copy_online_to_target()
         model.config.encoder_config._name_or_path = str(encoder_name_or_path)
         # The export's inference length; recorded now because the base folder may be gone at export time.
-        from .sequence_length import sentence_transformers_max_seq_length
-
         model.config.base_max_seq_length = sentence_transformers_max_seq_length(encoder_name_or_path)
         if model.config.base_model_name_or_path is None:  # named in every export's card (model_card.py)
             model.config.base_model_name_or_path = base_model_id(encoder_name_or_path)
