@@ -3,7 +3,7 @@
 Re-exported here so that imports written against the old location keep working.
 """
 
-from hf_mocose.trainer_evaluation import (  # noqa: F401
+from hf_mocose.trainer_evaluation import (
     STS_COLUMNS,
     STS_EVALUATOR_NAME,
     MoCoSESimilarityEvaluator,
@@ -12,3 +12,13 @@ from hf_mocose.trainer_evaluation import (  # noqa: F401
     eval_max_length,
     stsb_dev_dataset,
 )
+
+__all__ = [
+    "STS_COLUMNS",
+    "STS_EVALUATOR_NAME",
+    "MoCoSESimilarityEvaluator",
+    "STSEvaluationMixin",
+    "check_sts_dataset",
+    "eval_max_length",
+    "stsb_dev_dataset",
+]
