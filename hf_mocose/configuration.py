@@ -18,9 +18,9 @@ from .heads import HEAD_INITS
 from .pooling import check_sentence_pooling
 
 METHODS = ("mocose", "simcse", "ifcl")
-# What the EMA target shares with the online encoder: its word embeddings only (the paper's description),
-# or its whole embedding module (word, position and token-type embeddings and their LayerNorm: the
-# reference code, whose target reads the online embedding layer's output).
+# What the EMA target shares with the online encoder: its word embeddings only (hf-mocose's default), or
+# its whole embedding module (word, position and token-type embeddings and their LayerNorm: the paper's
+# Figure 2 and the reference code, whose target reads the online embedding layer's output).
 SHARED_EMBEDDINGS = ("word", "module")
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
@@ -167,9 +167,9 @@ class MoCoSEConfig(PretrainedConfig):
             IFCL: fusion rate epsilon of the fraternal view's input, epsilon * y + (1 - epsilon) * y_fraternal.
         shared_embeddings (`str`, defaults to `"word"`):
             What the EMA target branch shares with the online encoder (method "mocose"): `"word"`, the word
-            embeddings only (the paper's description; the target's position/token-type embeddings and embedding
-            LayerNorm follow the EMA like the rest of it), or `"module"`, the whole embedding module (the
-            reference code's: those tensors are copied from the online encoder after every optimizer step
+            embeddings only (the target's position/token-type embeddings and embedding LayerNorm follow the
+            EMA like the rest of it), or `"module"`, the whole embedding module (the paper's Figure 2 and the
+            reference code: those tensors are copied from the online encoder after every optimizer step
             instead of averaged, so the target always reads the online embedding layer).
         base_max_seq_length (`int`, *optional*):
             The base encoder's own sentence-transformers `max_seq_length` (256 for all-MiniLM-L6-v2), recorded

@@ -6,12 +6,12 @@ Layout (method "mocose"):
     target:  same word embeddings (detached) -> target_encoder -> [CLS] -> target_pooler -> target_projection = key
 
 The target branch is an EMA copy of the online one (updated by `EMATargetCallback` after each
-optimizer step, never by the optimizer) with one deviation, following the paper: word embeddings
-are shared, so the target encoder keeps only a 1-row placeholder embedding table and always
-receives the online word embeddings as `inputs_embeds`. With `shared_embeddings="module"` (the
-reference code's reading) the rest of the embedding module (position and token-type embeddings,
-embedding LayerNorm) is shared too: copied from the online encoder after every optimizer step
-instead of averaged. The queue (`KeyQueue`) and the target weights are persistent state, so
+optimizer step, never by the optimizer) with one deviation: word embeddings are shared, so the
+target encoder keeps only a 1-row placeholder embedding table and always receives the online word
+embeddings as `inputs_embeds`. With `shared_embeddings="module"` (the paper's Figure 2 and the
+reference code; the paper recipes set it) the rest of the embedding module (position and token-type
+embeddings, embedding LayerNorm) is shared too: copied from the online encoder after every optimizer
+step instead of averaged. The queue (`KeyQueue`) and the target weights are persistent state, so
 `save_pretrained` / `from_pretrained` restore a run exactly.
 """
 

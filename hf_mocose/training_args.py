@@ -52,8 +52,8 @@ class MoCoSETrainingArguments(TrainingArguments):
     encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
     target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
     shared_embeddings (`str`, defaults to `"word"`): *(model)* what the target shares with the online encoder:
-        `word` (word embeddings; the paper's description) or `module` (the whole embedding module, copied each
-        step: the reference code's).
+        `word` (word embeddings only) or `module` (the whole embedding module, copied each step: the paper's
+        Figure 2 and the reference code; the paper recipes set it).
     max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence in training (longer ones are truncated);
         the sentence-transformers export uses the encoder's inference length instead (`export_max_seq_length`).
 
@@ -164,8 +164,8 @@ class MoCoSETrainingArguments(TrainingArguments):
     shared_embeddings: str = field(
         default="word",
         metadata={"help": f"(model) What the EMA target shares with the online encoder: {', '.join(SHARED_EMBEDDINGS)} "
-                  "(word = word embeddings only, the paper's description; module = the whole embedding module, "
-                  "copied after every step, the reference code's). MoCoSE only."},
+                  "(word = word embeddings only; module = the whole embedding module, copied after every step, as "
+                  "the paper's Figure 2 and the reference code). MoCoSE only."},
     )
     max_seq_length: int = field(
         default=32,

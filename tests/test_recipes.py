@@ -138,6 +138,15 @@ def test_paper_recipes_follow_the_final_papers_ema_and_say_how_to_get_the_refere
     assert una.hard_negatives == "una" and una.una_usage == "paper"
 
 
+def test_mocose_paper_recipes_share_the_embedding_module_and_name_the_in_batch_departure():
+    for recipe in ("mocose-bert-base.yaml", "mocose-bert-large.yaml", "mocose-una-bert-base.yaml"):
+        _, args = parse_args([str(RECIPES / recipe)])
+        assert args.shared_embeddings == "module", recipe  # the paper's Figure 2 and the reference code
+        assert args.in_batch_negatives, recipe  # the reference code's; the paper's eq. 3 is the queue only
+        assert "eq. 3" in (RECIPES / recipe).read_text(), recipe
+    assert MoCoSETrainingArguments(output_dir="unused").shared_embeddings == "word"  # the library default
+
+
 def test_ifcl_recipe_follows_the_ifcl_seed_and_says_what_the_full_method_needs():
     path = RECIPES / "ifcl-bert-base.yaml"
     _, args = parse_args([str(path)])
