@@ -25,6 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -59,28 +60,46 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 
 def safetensors_problem(path: str | os.PathLike) -> str | None:
-    """Why a `.safetensors` file is unusable (missing, cut short, unreadable header), or None if it is whole.
+    """Why a `.safetensors` file is unusable (missing, cut short, damaged), or None if it is whole.
 
-    The file is an 8-byte header length, a JSON header giving each tensor's byte range, then the
-    data; a file shorter than its header's last byte was cut short. Only the header is read.
+    The verdict is `safetensors.safe_open`'s, the reader transformers loads weights with: it
+    checks the header (length, JSON, each tensor's dtype, shape and byte range) and that the data
+    covers the file exactly, reading only the header (the data is memory-mapped, not read).
     """
     path = Path(path)
     if not path.is_file():
         return f"{path} is missing"
-    size = path.stat().st_size
     try:
-        with path.open("rb") as handle:
-            header_length = int.from_bytes(handle.read(8), "little")
-            if size < 8 or 8 + header_length > size:
-                return f"{path} is incomplete ({size:,} bytes, cut off inside its header)"
+        with safe_open(path, framework="pt"):
+            return None
+    except SafetensorError as err:
+        return _describe_damage(path, err)
+
+
+def _describe_damage(path: Path, err: SafetensorError) -> str:
+    """One line for a file `safe_open` refused: where it was cut off and how long it should be.
+
+    `safe_open` says what is wrong ("incomplete metadata, file not fully covered") but not the
+    sizes, so the expected size is read off the file's own header: an 8-byte little-endian
+    header length, the JSON header, then the data up to the last tensor's end offset.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        header_length = int.from_bytes(handle.read(8), "little")
+        if size < 8 or 8 + header_length > size:
+            return f"{path} is incomplete ({size:,} bytes, cut off inside its header)"
+        try:
             header = json.loads(handle.read(header_length))
-        end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, IndexError):
-        return f"{path} is not a readable safetensors file (damaged header)"
-    expected = 8 + header_length + end
+            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
+                      default=0)
+            expected = 8 + header_length + int(end)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return f"{path} is not a readable safetensors file (damaged header: {err})"
     if size < expected:
         return f"{path} is incomplete ({size:,} of {expected:,} bytes)"
-    return None
+    if size > expected:
+        return f"{path} is not a readable safetensors file ({size:,} bytes, {size - expected:,} more than its header describes)"
+    return f"{path} is not a readable safetensors file (damaged header: {err})"
 
 
 def _weights_files(folder: Path) -> list[Path] | None:
@@ -300,9 +319,8 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
         return None
     shapes = {}
     for file in files:
-        with file.open("rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+        with safe_open(file, framework="pt") as weights:  # reads the header only
+            shapes.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
     return shapes
 
 

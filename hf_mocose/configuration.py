@@ -18,6 +18,10 @@ from .heads import HEAD_INITS
 from .pooling import check_sentence_pooling
 
 METHODS = ("mocose", "simcse", "ifcl")
+# What the EMA target shares with the online encoder: its word embeddings only (hf-mocose's default), or
+# its whole embedding module (word, position and token-type embeddings and their LayerNorm: the paper's
+# Figure 2 and the reference code, whose target reads the online embedding layer's output).
+SHARED_EMBEDDINGS = ("word", "module")
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (
@@ -26,6 +30,7 @@ MODEL_CONFIG_FIELDS = (
     "projection_layers",
     "predictor_layers",
     "predictor_dim",
+    "projection_dim",
     "head_dropout",
     "head_init",
     "contrastive_temperature",
@@ -36,6 +41,7 @@ MODEL_CONFIG_FIELDS = (
     "max_seq_length",
     "encoder_dropout",
     "fraternal_fusion",
+    "shared_embeddings",
 )
 
 
@@ -66,6 +72,20 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     predictor_dim = values.get("predictor_dim")
     if predictor_dim is not None and predictor_dim < 1:
         raise ValueError(f"predictor_dim must be >= 1 (or None for the hidden size), got {predictor_dim!r}.")
+    projection_dim = values.get("projection_dim")
+    if projection_dim is not None:
+        if isinstance(projection_dim, bool) or not isinstance(projection_dim, int) or projection_dim < 1:
+            raise ValueError(f"projection_dim must be a whole number >= 1 (or None for the hidden size), "
+                             f"got {projection_dim!r}.")
+        if values.get("projection_layers", 1) == 0:
+            raise ValueError(f"projection_dim={projection_dim} needs projection_layers >= 1: the last projection "
+                             "Linear sets the key width (with no projection the keys keep the encoder's width).")
+    shared = values.get("shared_embeddings", "word")
+    if shared not in SHARED_EMBEDDINGS:
+        raise ValueError(f"Unknown shared_embeddings {shared!r}; choose one of {', '.join(SHARED_EMBEDDINGS)}.")
+    if shared != "word" and method != "mocose":
+        raise ValueError(f"shared_embeddings={shared!r} concerns the EMA target branch, which only method='mocose' "
+                         f"has (got method={method!r}).")
     head_init = values.get("head_init", "identity")
     if head_init not in HEAD_INITS:
         raise ValueError(f"Unknown head_init {head_init!r}; choose one of {', '.join(HEAD_INITS)}.")
@@ -115,7 +135,12 @@ class MoCoSEConfig(PretrainedConfig):
         predictor_layers (`int`, defaults to 2):
             (n-1) Linear + LayerNorm + Dropout blocks, then Linear + Tanh, on the online branch only; 0 = none.
         predictor_dim (`int`, *optional*):
-            Width of the predictor's hidden blocks; defaults to the encoder's hidden size.
+            Width of the predictor's hidden blocks; defaults to the key width (`projection_dim`).
+        projection_dim (`int`, *optional*):
+            Output width of the last projection Linear, and so of the keys, the queries (the predictor maps
+            back to it) and the queue: the reference code's `out_size` (the paper's Table 6a). Defaults to the
+            encoder's hidden size; needs `projection_layers >= 1`. The sentence embedding (`sentence_pooling`)
+            is read before the heads and keeps the hidden size.
         head_dropout (`float`, defaults to 0.1):
             Dropout in the projection and predictor blocks.
         head_init (`str`, defaults to `"identity"`):
@@ -142,6 +167,12 @@ class MoCoSEConfig(PretrainedConfig):
             IFCL: vocabulary size of the fraternal (second-language) embedding table; None = no fraternal view.
         fraternal_fusion (`float`, defaults to 0.5):
             IFCL: fusion rate epsilon of the fraternal view's input, epsilon * y + (1 - epsilon) * y_fraternal.
+        shared_embeddings (`str`, defaults to `"word"`):
+            What the EMA target branch shares with the online encoder (method "mocose"): `"word"`, the word
+            embeddings only (the target's position/token-type embeddings and embedding LayerNorm follow the
+            EMA like the rest of it), or `"module"`, the whole embedding module (the paper's Figure 2 and the
+            reference code: those tensors are copied from the online encoder after every optimizer step
+            instead of averaged, so the target always reads the online embedding layer).
         base_max_seq_length (`int`, *optional*):
             The base encoder's own sentence-transformers `max_seq_length` (256 for all-MiniLM-L6-v2), recorded
             by `MoCoSEModel.from_encoder` so the export can use it without the base model folder; None when the
@@ -162,6 +193,7 @@ class MoCoSEConfig(PretrainedConfig):
         projection_layers: int = 1,
         predictor_layers: int = 2,
         predictor_dim: int | None = None,
+        projection_dim: int | None = None,
         head_dropout: float = 0.1,
         head_init: str = "identity",
         contrastive_temperature: float = 0.05,
@@ -173,6 +205,7 @@ class MoCoSEConfig(PretrainedConfig):
         encoder_dropout: float | None = 0.1,
         fraternal_vocab_size: int | None = None,
         fraternal_fusion: float = 0.5,
+        shared_embeddings: str = "word",
         base_max_seq_length: int | None = None,
         base_model_name_or_path: str | None = None,
         **kwargs,
@@ -186,6 +219,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.projection_layers = projection_layers
         self.predictor_layers = predictor_layers
         self.predictor_dim = predictor_dim
+        self.projection_dim = projection_dim
         self.head_dropout = head_dropout
         self.head_init = head_init
         self.contrastive_temperature = contrastive_temperature
@@ -197,6 +231,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.encoder_dropout = encoder_dropout
         self.fraternal_vocab_size = fraternal_vocab_size
         self.fraternal_fusion = fraternal_fusion
+        self.shared_embeddings = shared_embeddings
         self.base_max_seq_length = base_max_seq_length
         self.base_model_name_or_path = base_model_name_or_path
         validate_method_hparams({name: getattr(self, name) for name in MODEL_CONFIG_FIELDS})
@@ -207,6 +242,11 @@ class MoCoSEConfig(PretrainedConfig):
         """Width of the encoder's token states (and of the pooler, projection, keys and queries)."""
         config = self.encoder_config
         return getattr(config, "hidden_size", None) or getattr(config, "dim")
+
+    @property
+    def key_dim(self) -> int:
+        """Width of the keys, the queries and the queue: `projection_dim`, or the hidden size."""
+        return self.projection_dim or self.hidden_size
 
     @property
     def uses_target(self) -> bool:

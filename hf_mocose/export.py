@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .encoding import encode_with_model
 from .sequence_length import inference_max_seq_length
 
 logger = logging.getLogger(__name__)
@@ -154,8 +155,6 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
 def reference_embeddings(model, tokenizer, sentences, max_length: int, batch_size: int = 32) -> torch.Tensor:
     """`model.embed` for `sentences`, truncated at `max_length` tokens: what an export with that
     `max_seq_length` must reproduce. Returns `(len(sentences), hidden)` float32 on the CPU."""
-    from .evaluation.encoders import encode_with_model
-
     return encode_with_model(model, tokenizer, list(sentences), batch_size=batch_size, max_length=max_length)
 
 

@@ -55,16 +55,25 @@ def _blocks(dims: list[int], dropout: float, init: str) -> list[nn.Module]:
     return layers
 
 
-def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "random") -> nn.Sequential:
-    """`n_layers` blocks of Linear(h, h) + LayerNorm + Dropout; an empty Sequential (identity) for 0.
+def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "random",
+                     out_dim: int | None = None) -> nn.Sequential:
+    """`n_layers` blocks of Linear + LayerNorm + Dropout, `(., hidden) -> (., out_dim)`; identity for 0.
 
-    `init`: `"random"` or `"identity"` (see `MoCoSEConfig.head_init`).
+    The blocks are Linear(h, h) except the last, Linear(h, out_dim) (`out_dim` defaults to `hidden`): the
+    reference code's `out_size`, which sets the width of the keys, the queries and the queue. `init`:
+    `"random"` or `"identity"` (see `MoCoSEConfig.head_init`).
     """
-    return nn.Sequential(*_blocks([hidden] * (n_layers + 1), dropout, init))
+    out_dim = out_dim or hidden
+    if n_layers == 0 and out_dim != hidden:
+        raise ValueError(f"A projection of width {out_dim} needs projection_layers >= 1 (with none, the keys keep "
+                         f"the encoder's width {hidden}).")
+    return nn.Sequential(*_blocks([hidden] * n_layers + [out_dim], dropout, init))
 
 
 def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float, init: str = "random") -> nn.Sequential:
     """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0.
+
+    `hidden` (h) is the width of the queries and keys: the projection's output width.
 
     With `init="identity"` the predictor starts as tanh(LayerNorm(x)) (one block) or the same through
     more identity blocks: close to a pass-through of its (LayerNorm-ed) input, never a random map.

@@ -8,10 +8,13 @@ Layout (method "mocose"):
 ([CLS] is the masked mean of the token states instead when `sentence_pooling="mean"`.)
 
 The target branch is an EMA copy of the online one (updated by `EMATargetCallback` after each
-optimizer step, never by the optimizer) with one deviation, following the paper: word embeddings
-are shared, so the target encoder keeps only a 1-row placeholder embedding table and always
-receives the online word embeddings as `inputs_embeds`. The queue (`KeyQueue`) and the target
-weights are persistent state, so `save_pretrained` / `from_pretrained` restore a run exactly.
+optimizer step, never by the optimizer) with one deviation: word embeddings are shared, so the
+target encoder keeps only a 1-row placeholder embedding table and always receives the online word
+embeddings as `inputs_embeds`. With `shared_embeddings="module"` (the paper's Figure 2 and the
+reference code; the paper recipes set it) the rest of the embedding module (position and token-type
+embeddings, embedding LayerNorm) is shared too: copied from the online encoder after every optimizer
+step instead of averaged. The queue (`KeyQueue`) and the target weights are persistent state, so
+`save_pretrained` / `from_pretrained` restore a run exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
+from .sequence_length import sentence_transformers_max_seq_length
 
 # Attribute names that hold dropout probabilities in the common encoder configs.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
@@ -119,17 +123,18 @@ class MoCoSEModel(PreTrainedModel):
         super().__init__(config)
         set_encoder_dropout(config.encoder_config, config.encoder_dropout)
         hidden, dropout, init = config.hidden_size, config.head_dropout, config.head_init
+        key_dim = config.key_dim  # keys, queries and queue: projection_dim (the reference's out_size) or hidden
         self.online_encoder = _build_encoder(config.encoder_config)
         self.online_pooler = head_linear(hidden, hidden, init)
-        self.online_projection = build_projection(hidden, config.projection_layers, dropout, init)
+        self.online_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
         if config.uses_target:
-            self.predictor = build_predictor(hidden, config.predictor_layers, config.predictor_dim, dropout, init)
+            self.predictor = build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init)
             self.target_encoder = _build_encoder(config.encoder_config)
             self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
             self.target_pooler = head_linear(hidden, hidden, init)
-            self.target_projection = build_projection(hidden, config.projection_layers, dropout, init)
+            self.target_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
         if config.uses_queue:
-            self.queue = KeyQueue(config.queue_size, hidden, config.queue_init_size)
+            self.queue = KeyQueue(config.queue_size, key_dim, config.queue_init_size)
         if config.fraternal_vocab_size:
             # IFCL: a second (e.g. other-language) model's word embeddings for the fraternal view; frozen.
             self.fraternal_embeddings = nn.Embedding(config.fraternal_vocab_size, hidden)
@@ -149,20 +154,19 @@ class MoCoSEModel(PreTrainedModel):
 
         The online and target encoders start as the checkpoint; the pooler Linear starts from the
         checkpoint's pooler dense weights when it has them. `config_kwargs` are `MoCoSEConfig` fields.
-        `fraternal_model_name_or_path` (IFCL) copies that model's word embeddings as the fraternal table.
+        `fraternal_model_name_or_path` (IFCL) copies that model's word vectors as the fraternal table
+        (lifted to its hidden size when its embeddings are factorised, as ALBERT's: `hf_mocose.fraternal`).
         """
         encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
         check_is_encoder(encoder_config, str(encoder_name_or_path))
         pretrained = AutoModel.from_pretrained(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
-            fraternal = AutoModel.from_pretrained(fraternal_model_name_or_path).get_input_embeddings().weight.detach()
+            from .fraternal import fraternal_word_vectors
+
             hidden = getattr(encoder_config, "hidden_size", None) or encoder_config.dim
-            if fraternal.shape[1] != hidden:
-                raise ValueError(
-                    f"fraternal_model_name_or_path {fraternal_model_name_or_path!r} has embedding width "
-                    f"{fraternal.shape[1]}, but the encoder's hidden size is {hidden}: they must match to be fused."
-                )
+            fraternal = fraternal_word_vectors(AutoModel.from_pretrained(fraternal_model_name_or_path), hidden,
+                                               str(fraternal_model_name_or_path))
             config_kwargs["fraternal_vocab_size"] = fraternal.shape[0]
         model = cls(MoCoSEConfig(encoder_config=encoder_config, **config_kwargs))
         if fraternal is not None:
@@ -177,8 +181,6 @@ class MoCoSEModel(PreTrainedModel):
             model.copy_online_to_target()
         model.config.encoder_config._name_or_path = str(encoder_name_or_path)
         # The export's inference length; recorded now because the base folder may be gone at export time.
-        from .sequence_length import sentence_transformers_max_seq_length
-
         model.config.base_max_seq_length = sentence_transformers_max_seq_length(encoder_name_or_path)
         if model.config.base_model_name_or_path is None:  # named in every export's card (model_card.py)
             model.config.base_model_name_or_path = base_model_id(encoder_name_or_path)
@@ -227,12 +229,34 @@ class MoCoSEModel(PreTrainedModel):
         """Matching tensors of both branches, for the EMA update.
 
         Returns:
-            `(online_params, target_params, online_buffers, target_buffers)`; the shared word
-            embeddings are left out.
+            `(online_params, target_params, online_copied, target_copied)`: the first two are averaged,
+            the last two copied (floating buffers; with `shared_embeddings="module"` also the embedding
+            module's parameters). The shared word embeddings are left out.
         """
         online = (self.online_encoder, self.online_pooler, self.online_projection)
         shared = self.online_encoder.get_input_embeddings().weight
-        return ema_tensor_pairs(zip(online, self.target_modules()), skip=[shared])
+        copied_online, copied_target = self._shared_embedding_module_tensors()
+        online_p, target_p, online_b, target_b = ema_tensor_pairs(
+            zip(online, self.target_modules()), skip=[shared, *copied_online]
+        )
+        return online_p, target_p, online_b + copied_online, target_b + copied_target
+
+    def _shared_embedding_module_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """With `shared_embeddings="module"`: the embedding module's parameters (word embeddings aside) of
+        the online encoder and the matching target ones; empty lists otherwise."""
+        if not self.config.uses_target or self.config.shared_embeddings != "module":
+            return [], []
+        word = self.online_encoder.get_input_embeddings()
+        path = next((name for name, module in self.online_encoder.named_modules()
+                     if any(child is word for child in module.children())), "")
+        if not path:
+            raise ValueError(f"shared_embeddings='module' needs an encoder whose word embeddings sit in an embedding "
+                             f"module (as BERT's `embeddings`); {type(self.online_encoder).__name__} keeps them at "
+                             "its top level: use shared_embeddings='word'.")
+        online, target = self.online_encoder.get_submodule(path), self.target_encoder.get_submodule(path)
+        target_named = dict(target.named_parameters())
+        pairs = [(p, target_named[n]) for n, p in online.named_parameters() if p is not word.weight]
+        return [o for o, _ in pairs], [t for _, t in pairs]
 
     @torch.no_grad()
     def copy_online_to_target(self) -> None:

@@ -19,6 +19,8 @@ import json
 import logging
 import os
 
+from .encoding import resolve_max_length
+
 logger = logging.getLogger(__name__)
 
 
@@ -75,8 +77,6 @@ def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = Non
     Raises a `ValueError` naming `max_seq_length` when it is below 2 or above the encoder's position
     limit (inputs that long would index past the position embeddings).
     """
-    from .evaluation.encoders import resolve_max_length
-
     limit = resolve_max_length(tokenizer, config.encoder_config)
     if max_seq_length is not None:
         if not 2 <= max_seq_length <= limit:

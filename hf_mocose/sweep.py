@@ -5,7 +5,7 @@ grid (cartesian product):
 
     base: training_args/mocose-bert-base.yaml
     name: table8-queue-slices
-    overrides: {per_device_train_batch_size: 256, queue_size: 1024, queue_init_size: 1024}
+    overrides: {per_device_train_batch_size: 256, queue_size: 1024, queue_init_size: 128}
     runs:
       - {name: "0-512", queue_slice: "0:512"}
       - {name: "all"}

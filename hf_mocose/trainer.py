@@ -33,11 +33,11 @@ from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range, refuse_sharded_ema
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
-from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
 from .hub import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"

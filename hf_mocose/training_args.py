@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 
 from .augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
-from .configuration import METHODS, MODEL_CONFIG_FIELDS, validate_method_hparams
+from .configuration import METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
 from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES
 
@@ -17,7 +17,14 @@ UNA_USAGES = ("paper", "negative")
 
 @dataclass(repr=False)  # keep TrainingArguments.__repr__, which masks the Hub token
 class MoCoSETrainingArguments(TrainingArguments):
-    r"""Configuration for [`MoCoSETrainer`]. Defaults reproduce the MoCoSE paper (BERT-base).
+    r"""Configuration for [`MoCoSETrainer`].
+
+    The defaults are the MoCoSE paper's BERT-base setting (lr 3e-5, batch 64, K 512, K_s 128, eta 0.75 ->
+    0.95 over the run, FGSM 5e-9, tau 0.05) except the heads: identity-initialised (`head_init="identity"`)
+    and trained at `head_learning_rate=1e-3`, where the paper starts them random and trains them at
+    `learning_rate` (docs/quality.md has why). The paper's setting is the recipe
+    `training_args/mocose-bert-base.yaml` (`head_init: random`, `head_learning_rate: null`); its ablation
+    tables are the grids in `training_args/ablations/` (docs/methods.md).
 
     Only the parameters specific to MoCoSE are listed here; see [`~transformers.TrainingArguments`]
     for the rest. Fields marked *(model)* are copied into the `MoCoSEConfig` of a freshly built model
@@ -35,7 +42,9 @@ class MoCoSETrainingArguments(TrainingArguments):
         `cls_dense`, `mean` (the heads read the [CLS] state, or the token mean for `mean`).
     projection_layers (`int`, defaults to `1`): *(model)* Linear+LayerNorm+Dropout blocks after the pooler.
     predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
-    predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = hidden size.
+    predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = the key width.
+    projection_dim (`int` or `None`, defaults to `None`): *(model)* output width of the projection, and so of
+        the keys, queries and queue (the reference code's `out_size`, the paper's Table 6a); None = hidden size.
     head_dropout (`float`, defaults to `0.1`): *(model)* dropout in projection/predictor blocks.
     head_init (`str`, defaults to `"identity"`): *(model)* `identity` (the query starts at the key) or `random`
         (the paper's) head Linears.
@@ -43,6 +52,9 @@ class MoCoSETrainingArguments(TrainingArguments):
         projection, predictor); None = `learning_rate` (the paper's).
     encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
     target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
+    shared_embeddings (`str`, defaults to `"word"`): *(model)* what the target shares with the online encoder:
+        `word` (word embeddings only) or `module` (the whole embedding module, copied each step: the paper's
+        Figure 2 and the reference code; the paper recipes set it).
     max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence in training (longer ones are truncated);
         the sentence-transformers export uses the encoder's inference length instead (`export_max_seq_length`).
 
@@ -132,7 +144,12 @@ class MoCoSETrainingArguments(TrainingArguments):
     )
     projection_layers: int = field(default=1, metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."})
     predictor_layers: int = field(default=2, metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."})
-    predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default hidden size."})
+    predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default the key width."})
+    projection_dim: int | None = field(
+        default=None,
+        metadata={"help": "(model) Output width of the projection = width of keys, queries and queue (the reference "
+                  "code's out_size, the paper's Table 6a); default hidden size; needs projection_layers >= 1."},
+    )
     head_dropout: float = field(default=0.1, metadata={"help": "(model) Dropout in projection and predictor blocks."})
     head_init: str = field(
         default="identity",
@@ -147,6 +164,12 @@ class MoCoSETrainingArguments(TrainingArguments):
         default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
     )
     target_dropout: bool = field(default=True, metadata={"help": "(model) Run the target branch with dropout in training."})
+    shared_embeddings: str = field(
+        default="word",
+        metadata={"help": f"(model) What the EMA target shares with the online encoder: {', '.join(SHARED_EMBEDDINGS)} "
+                  "(word = word embeddings only; module = the whole embedding module, copied after every step, as "
+                  "the paper's Figure 2 and the reference code). MoCoSE only."},
+    )
     max_seq_length: int = field(
         default=32,
         metadata={"help": "(model) Tokens per sentence in training; longer ones are truncated. The sentence-transformers "

@@ -31,6 +31,7 @@ from hf_mocose.checkpoints import (
     check_resume_compatible,
     checkpoint_problems,
     resolve_resume_checkpoint,
+    safetensors_problem,
 )
 from hf_mocose.data import BUILTIN_PYTHON_DOCS, load_sentences
 from hf_mocose.training import cli_main, main, parse_args
@@ -192,6 +193,63 @@ def test_truncated_starting_model_is_named(tiny_encoder, reference_run, tmp_path
     truncate(final / "model.safetensors")
     with pytest.raises(IncompleteCheckpointError, match=f"{final / 'model.safetensors'} is incomplete"):
         main(train_argv(str(final), tmp_path / "run"))
+
+
+# ----------------------------------------------------------------------------- damaged safetensors files
+def _whole_weights(path: Path) -> tuple[bytes, int]:
+    """A small safetensors file (two tensors, metadata): its bytes and its header length."""
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.arange(100, dtype=torch.float32), "b": torch.zeros(3, 4, dtype=torch.bfloat16)},
+              str(path), metadata={"format": "pt"})
+    data = path.read_bytes()
+    return data, int.from_bytes(data[:8], "little")
+
+
+def _offsets_changed(data: bytes, header_length: int) -> bytes:
+    """Valid JSON whose byte ranges do not fit the tensors' shapes (same header length, same file size)."""
+    header = json.loads(data[8:8 + header_length])
+    header["a"]["data_offsets"] = [0, 10]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= header_length
+    return data[:8] + text.ljust(header_length) + data[8 + header_length:]
+
+
+DAMAGE = {  # name -> (damaged bytes from (data, header length), expected message after the path)
+    "whole": (lambda d, n: d, None),
+    "shorter than the length prefix": (lambda d, n: d[:5], " is incomplete (5 bytes, cut off inside its header)"),
+    "cut inside the header": (lambda d, n: d[:8 + n // 2], "cut off inside its header)"),
+    "cut inside the data": (lambda d, n: d[:8 + n + 50], "{cut:,} of {size:,} bytes)"),
+    "one byte short": (lambda d, n: d[:-1], "{cut:,} of {size:,} bytes)"),
+    "damaged JSON": (lambda d, n: d[:9] + b"#" + d[10:], " is not a readable safetensors file (damaged header: "),
+    "byte ranges that do not fit": (_offsets_changed, " is not a readable safetensors file (damaged header: "),
+    "bytes after the data": (lambda d, n: d + bytes(16), " is not a readable safetensors file ({cut:,} bytes, 16 more"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_safetensors_damage_is_named_with_sizes_and_agrees_with_the_loader(case, tmp_path):
+    """`safetensors_problem` (`safe_open`'s verdict, our wording) for each kind of damage, in one line."""
+    from safetensors import SafetensorError, safe_open
+
+    data, header_length = _whole_weights(tmp_path / "whole.safetensors")
+    damage, expected = DAMAGE[case]
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(damage(data, header_length))
+    problem = safetensors_problem(path)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem.startswith(str(path)) and "\n" not in problem
+        assert expected.format(cut=path.stat().st_size, size=len(data)) in problem, problem
+    try:  # what transformers' loader (safe_open) makes of the same file
+        with safe_open(str(path), framework="pt") as weights:
+            [weights.get_tensor(name) for name in weights.keys()]
+        loads = True
+    except SafetensorError:
+        loads = False
+    assert loads == (problem is None)
+    assert safetensors_problem(tmp_path / "absent.safetensors") == f"{tmp_path / 'absent.safetensors'} is missing"
 
 
 # ----------------------------------------------------------------------------- a checkpoint that does not fit

@@ -117,3 +117,74 @@ def test_without_in_batch_negatives_the_twin_key_keeps_its_gradient(tiny_encoder
     loss, outputs = trainer.compute_loss(model, next(iter(trainer.get_train_dataloader())), return_outputs=True)
     (gradient,) = torch.autograd.grad(loss, outputs.key, allow_unused=True)
     assert gradient is not None and gradient.abs().sum() > 0
+
+
+def _factorised_encoder(path, model_type, embedding_size, hidden_size, vocab_size=200, tokenizer_from=None):
+    """A tiny random ALBERT/ELECTRA with factorised word embeddings (a table embedding_size wide, lifted to
+    hidden_size), saved with a WordPiece tokenizer (the fraternal tokenizer only has to tokenise)."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    torch.manual_seed(3)
+    config = AutoConfig.for_model(model_type, vocab_size=vocab_size, embedding_size=embedding_size, hidden_size=hidden_size,
+                                  num_hidden_layers=1, num_attention_heads=4, intermediate_size=32,
+                                  max_position_embeddings=64)
+    AutoModel.from_config(config).save_pretrained(path)
+    if tokenizer_from is not None:
+        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("model_type,lift", [("albert", "encoder.embedding_hidden_mapping_in"),
+                                             ("electra", "embeddings_project")])
+def test_factorised_fraternal_embeddings_are_lifted_by_the_models_own_linear(tiny_encoder, tmp_path, model_type, lift):
+    """An ALBERT-shaped fraternal encoder (128-wide table, hidden size = the anchor's 32) is accepted: its word
+    vectors are its table through its own pretrained lift, W e + b, as its first layer would receive them."""
+    from transformers import AutoModel
+
+    fraternal = _factorised_encoder(tmp_path / model_type, model_type, embedding_size=128, hidden_size=32)
+    model = MoCoSEModel.from_pretrained(tiny_encoder, method="ifcl", queue_size=8, queue_init_size=0,
+                                        fraternal_model_name_or_path=fraternal)
+    source = AutoModel.from_pretrained(fraternal)
+    assert source.get_input_embeddings().weight.shape == (200, 128)
+    linear = source.get_submodule(lift)
+    with torch.no_grad():
+        expected = source.get_input_embeddings().weight @ linear.weight.T + linear.bias
+    assert model.fraternal_embeddings.weight.shape == (200, 32)
+    assert torch.allclose(model.fraternal_embeddings.weight, expected, atol=1e-6)
+
+
+def test_the_ifcl_seeds_pairing_is_refused_with_both_widths(tmp_path):
+    """The IFCL seed's German encoder (stefan-it/albert-large-german-cased: 128-wide table, hidden 1024) beside
+    a BERT-base anchor (768): no width matches, and no untrained map is invented, so it is refused before training."""
+    from transformers import AutoConfig, AutoModel
+
+    anchor = tmp_path / "bert-768"
+    AutoModel.from_config(AutoConfig.for_model("bert", vocab_size=100, hidden_size=768, num_hidden_layers=1,
+                                               num_attention_heads=12, intermediate_size=32)).save_pretrained(anchor)
+    fraternal = _factorised_encoder(tmp_path / "albert-large-shaped", "albert", embedding_size=128, hidden_size=1024)
+    with pytest.raises(ValueError, match=r"factorised word embeddings of width 128, lifted to width 1024 by its own "
+                                         r"pretrained `encoder.embedding_hidden_mapping_in`, but the encoder's "
+                                         r"hidden size is 768"):
+        MoCoSEModel.from_pretrained(str(anchor), method="ifcl", fraternal_model_name_or_path=fraternal)
+
+
+def test_ifcl_trains_with_an_albert_fraternal_encoder(tiny_encoder, tmp_path):
+    rows = [f"sentence number {i} about topic {i % 7}" for i in range(32)]
+    path = tmp_path / "pairs.csv"
+    path.write_text("text,translation\n" + "\n".join(f"{r},satz nummer {i}" for i, r in enumerate(rows)) + "\n")
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(tiny_encoder).vocab_size
+    fraternal = _factorised_encoder(tmp_path / "albert", "albert", embedding_size=128, hidden_size=32,
+                                    vocab_size=vocab, tokenizer_from=tiny_encoder)
+    final = main(["--model_name_or_path", tiny_encoder, "--train_file", str(path), "--fraternal_column", "translation",
+                  "--fraternal_model_name_or_path", fraternal, "--method", "ifcl", "--queue_size", "16",
+                  "--queue_init_size", "0", "--per_device_train_batch_size", "8", "--max_steps", "2",
+                  "--logging_steps", "1", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true",
+                  "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true",
+                  "--export_sentence_transformers", "false"])
+    import json
+
+    logs = [h for h in json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    assert len(logs) == 2 and all(math.isfinite(h["loss_twins"]) for h in logs)
+    assert MoCoSEModel.from_pretrained(final).fraternal_embeddings.weight.shape == (vocab, 32)

@@ -1,4 +1,4 @@
-"""UNA statistics and augmentation (hf_mocose/una.py): formulas, sampling, determinism, cache."""
+"""UNA statistics and augmentation (hf_mocose/una.py, una_statistics.py): formulas, sampling, determinism, cache."""
 
 from __future__ import annotations
 

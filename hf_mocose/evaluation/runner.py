@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from hf_mocose.evaluation.sts import (
-    LAYOUT_HELP,
     STS_TASKS,
     STS_TEST_TASKS,
     evaluate_sts_task,
@@ -32,6 +31,7 @@ from hf_mocose.evaluation.transfer import (
     evaluate_transfer_task,
     transfer_task_files,
 )
+from hf_mocose.sts_files import LAYOUT_HELP
 
 ALL_TASKS = STS_TASKS + TRANSFER_TASKS
 TASK_GROUPS = {

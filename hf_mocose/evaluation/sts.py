@@ -1,25 +1,29 @@
-"""Semantic textual similarity (STS) data loaders and scoring, following SentEval/SimCSE.
+"""Semantic textual similarity (STS) tasks and scoring, following SentEval/SimCSE.
 
-Layout read (the SentEval ``data/downstream`` folder)::
-
-    <dir>/STS/STS12-en-test/STS.input.<set>.txt   sentence1 TAB sentence2
-    <dir>/STS/STS12-en-test/STS.gs.<set>.txt      gold score, or a blank line for an unscored pair
-    ... same for STS13-en-test ... STS16-en-test
-    <dir>/STS/STSBenchmark/sts-{train,dev,test}.csv   genre TAB file TAB year TAB id TAB score TAB s1 TAB s2 [TAB ...]
-    <dir>/SICK/SICK_{train,trial,test_annotated}.txt  pair_ID TAB s1 TAB s2 TAB relatedness TAB ... (header row)
-
-Every file is split on tabs by hand: the sentences contain unbalanced quote characters that a
-csv parser would swallow (this silently drops pairs from STS-B).
+The SentEval file readers (`StsPairs`, `read_sts_benchmark`, `read_sts_year_set`, `read_sick`,
+`read_lines`, the folder layout) live in the core module `hf_mocose.sts_files`, because the trainer
+reads STS-B dev with them; they are re-exported here. This module names the tasks (STS12-16,
+STS-B, SICK-R), loads them and scores an encoder on them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+
+# LAYOUT_HELP and read_lines are not used here: re-exported for existing `evaluation.sts` imports.
+from hf_mocose.sts_files import (  # noqa: F401
+    LAYOUT_HELP,
+    StsPairs,
+    read_lines,
+    read_sick,
+    read_sts_benchmark,
+    read_sts_year_set,
+    require_senteval_file,
+)
 
 # SentEval folder and set names, in SentEval's order.
 STS_YEAR_SETS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -43,99 +47,6 @@ STS_TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 STS_TASKS = STS_TEST_TASKS + ("stsb_dev", "stsb_train", "sickr_trial", "sickr_train")
 AGGREGATIONS = ("all", "wmean")
 
-LAYOUT_HELP = (
-    "expected the SentEval layout: <dir>/STS/STS1{2..6}-en-test/STS.input.<set>.txt + STS.gs.<set>.txt, "
-    "<dir>/STS/STSBenchmark/sts-{train,dev,test}.csv, <dir>/SICK/SICK_{train,trial,test_annotated}.txt"
-)
-
-
-@dataclass
-class StsPairs:
-    """Sentence pairs with gold similarity scores (``len(sentences1) == len(sentences2) == len(scores)``)."""
-
-    sentences1: list[str]
-    sentences2: list[str]
-    scores: list[float]
-    name: str = ""
-    source: list[str] = field(default_factory=list)  # file(s) read
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """Lines of a text file without their line ends.
-
-    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c that occur
-    inside sentences, which would shift the input file against its gold file. Decodes UTF-8
-    (BOM dropped) and falls back to latin-1 for the older SentEval files.
-    """
-    raw = Path(path).read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _require(path: Path) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing SentEval file {path}; {LAYOUT_HELP}")
-    return path
-
-
-def read_sts_year_set(input_path: str | Path, gold_path: str | Path, name: str = "") -> StsPairs:
-    """One STS12-16 set: ``STS.input.<set>.txt`` with ``STS.gs.<set>.txt``; unscored (blank gold) pairs are dropped."""
-    inputs, golds = read_lines(_require(Path(input_path))), read_lines(_require(Path(gold_path)))
-    if len(inputs) != len(golds):
-        raise ValueError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}; they must align")
-    s1, s2, scores = [], [], []
-    for lineno, (line, gold) in enumerate(zip(inputs, golds), start=1):
-        if not gold.strip():  # SentEval convention: a blank gold line means the pair was not scored
-            continue
-        cols = line.split("\t")
-        if len(cols) < 2:
-            raise ValueError(f"{input_path}:{lineno}: expected 'sentence1<TAB>sentence2', got {line[:80]!r}")
-        s1.append(cols[0])
-        s2.append(cols[1])
-        scores.append(float(gold))
-    return StsPairs(s1, s2, scores, name=name, source=[str(input_path), str(gold_path)])
-
-
-def read_sts_benchmark(path: str | Path) -> StsPairs:
-    """One STS-B file ``sts-{train,dev,test}.csv``: score in column 5, sentences in columns 6 and 7 (1-based)."""
-    path = _require(Path(path))
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        cols = line.split("\t")  # never csv: sentences carry stray quotes
-        if len(cols) < 7:
-            raise ValueError(f"{path}:{lineno}: expected at least 7 tab-separated columns, got {len(cols)}")
-        scores.append(float(cols[4]))
-        s1.append(cols[5])
-        s2.append(cols[6])
-    return StsPairs(s1, s2, scores, name=path.stem, source=[str(path)])
-
-
-def read_sick(path: str | Path) -> StsPairs:
-    """One SICK file: ``pair_ID, sentence_A, sentence_B, relatedness_score, ...`` with a header row."""
-    path = _require(Path(path))
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        cols = line.split("\t")
-        if not line.strip() or (lineno == 1 and cols[0].strip().lower() == "pair_id"):
-            continue
-        if len(cols) < 4:
-            raise ValueError(f"{path}:{lineno}: expected at least 4 tab-separated columns, got {len(cols)}")
-        s1.append(cols[1])
-        s2.append(cols[2])
-        scores.append(float(cols[3]))
-    return StsPairs(s1, s2, scores, name=path.stem, source=[str(path)])
-
 
 def sts_task_files(senteval_dir: str | Path, task: str) -> list[Path]:
     """Every file `task` needs under `senteval_dir`."""
@@ -151,7 +62,7 @@ def sts_task_files(senteval_dir: str | Path, task: str) -> list[Path]:
 def load_sts_task(senteval_dir: str | Path, task: str) -> dict[str, StsPairs]:
     """Loads `task` as ``{set name: pairs}`` (one set for STS-B and SICK-R)."""
     for path in sts_task_files(senteval_dir, task):
-        _require(path)
+        require_senteval_file(path)
     root = Path(senteval_dir)
     if task in STS_YEAR_SETS:
         folder, sets = STS_YEAR_SETS[task]

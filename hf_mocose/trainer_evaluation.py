@@ -1,0 +1,165 @@
+"""STS scoring inside `Trainer.evaluate`: the MoCoSE sentence embedding, scored by sentence-transformers.
+
+`MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, one log call, `on_evaluate`
+callbacks, the memory tracker, `metric_key_prefix`, dicts of eval datasets) and replaces only the
+two steps that assume a loss over batches:
+
+  - `get_eval_dataloader`: the STS pairs (`sentence1`, `sentence2`, `score`), columns checked;
+  - `evaluation_loop`: `MoCoSESimilarityEvaluator`, i.e. sentence-transformers'
+    `EmbeddingSimilarityEvaluator` (cosine, Spearman/Pearson, its CSV under `<output_dir>/eval`)
+    on `MoCoSEModel.embed` (the checkpoint's `sentence_pooling`, fp32, eval mode), returning
+    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` (x100) for `metric_for_best_model`.
+
+Sentences are encoded whole by default (the encoder's own limit, as SentEval and the paper do);
+`eval_max_seq_length` chooses another length. Training keeps its own `max_seq_length`.
+
+This is the trainer's own evaluation, so it is a core module (`hf_mocose.evaluation` holds the
+SentEval tasks, the diagnostics and their command line, and the core never imports it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from datasets import Dataset
+from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+from torch.utils.data import DataLoader
+from transformers.trainer_utils import EvalLoopOutput
+
+from .encoding import encode_with_model, resolve_max_length
+from .sts_files import read_sts_benchmark
+
+STS_COLUMNS = ("sentence1", "sentence2", "score")
+STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`
+
+
+def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
+    """STS-B dev pairs (`sentence1`, `sentence2`, `score`) as a `Dataset`, read from SentEval's `sts-dev.csv`."""
+    pairs = read_sts_benchmark(path)
+    return Dataset.from_dict(
+        {"sentence1": list(pairs.sentences1), "sentence2": list(pairs.sentences2), "score": [float(s) for s in pairs.scores]}
+    )
+
+
+def check_sts_dataset(dataset) -> None:
+    """Raises a `ValueError` naming what is wrong when `dataset` is not STS pairs with gold scores."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:
+        raise ValueError(f"The STS evaluation dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
+    missing = [c for c in STS_COLUMNS if c not in columns]
+    if missing:
+        raise ValueError(
+            f"The STS evaluation dataset needs the columns {', '.join(STS_COLUMNS)}; missing {', '.join(missing)} "
+            f"(it has {', '.join(columns) or 'no columns'})."
+        )
+    if len(dataset) < 2:
+        raise ValueError(f"The STS evaluation dataset has {len(dataset)} pair(s); a correlation needs at least 2.")
+
+
+def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
+    """Evaluation truncation length: `requested`, or the encoder's own limit (whole sentences).
+
+    A `requested` length beyond the encoder's position embeddings is refused (it would fail mid-forward).
+    """
+    encoder_config = getattr(model, "online_encoder", model).config
+    limit = resolve_max_length(tokenizer, encoder_config)
+    if requested is None:
+        return limit
+    if not 2 <= requested <= limit:
+        raise ValueError(f"eval_max_seq_length must be between 2 and the encoder's limit {limit}, got {requested!r}.")
+    return int(requested)
+
+
+class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
+    """sentence-transformers' `EmbeddingSimilarityEvaluator` on a `MoCoSEModel`'s sentence embedding.
+
+    Scoring, CSV output and the `primary_metric` are sentence-transformers'; only `embed_inputs` is
+    MoCoSE's: `MoCoSEModel.embed` (online encoder + `sentence_pooling`) through `encode_with_model`
+    (eval mode restored afterwards, fp32, length-sorted batches, truncation at `max_length`).
+
+    Args:
+        sentences1, sentences2, scores: the STS pairs and their gold similarity.
+        tokenizer: the model's tokenizer.
+        max_length: truncation in tokens (None: the encoder's own limit).
+        batch_size: sentences per forward pass.
+        name: metric prefix (`{name}_spearman_cosine`, `{name}_pearson_cosine`, correlations in [-1, 1]).
+        write_csv: append each evaluation to `similarity_evaluation_{name}_results.csv` in `output_path`.
+    """
+
+    def __init__(self, sentences1, sentences2, scores, tokenizer, max_length: int | None = None,
+                 batch_size: int = 64, name: str = STS_EVALUATOR_NAME, write_csv: bool = True):
+        super().__init__(list(sentences1), list(sentences2), [float(s) for s in scores], batch_size=batch_size,
+                         main_similarity="cosine", name=name, write_csv=write_csv)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def embed_inputs(self, model, sentences, **kwargs) -> np.ndarray:
+        """`(len(sentences), hidden)` float32 embeddings from `MoCoSEModel.embed`."""
+        return encode_with_model(model, self.tokenizer, list(sentences), batch_size=self.batch_size,
+                                 max_length=self.max_length).numpy()
+
+    def store_metrics_in_model_card_data(self, model, metrics, epoch=0, step=0) -> None:
+        # Only a SentenceTransformer carries model-card data; the export's card reads the metrics instead.
+        if hasattr(model, "model_card_data"):
+            super().store_metrics_in_model_card_data(model, metrics, epoch, step)
+
+
+class STSEvaluationMixin:
+    """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring).
+
+    Expects `self.args.stsb_dev_file`, `self.args.eval_max_seq_length` and a tokenizer as `processing_class`.
+    """
+
+    def check_eval_datasets(self) -> None:
+        """Fails before training when an `eval_dataset` (or one of a dict of them) is not STS pairs."""
+        datasets = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
+        for dataset in datasets:
+            if dataset is not None:
+                check_sts_dataset(dataset)
+
+    def _sts_dataset(self, eval_dataset=None) -> Dataset:
+        if isinstance(eval_dataset, str):  # Trainer.evaluate recursing over a dict of eval datasets
+            eval_dataset = self.eval_dataset[eval_dataset]
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None and self.args.stsb_dev_file:  # evaluation off during training, asked for at the end
+            dataset = self.eval_dataset = stsb_dev_dataset(self.args.stsb_dev_file)
+        if dataset is None:
+            raise ValueError("No STS pairs to evaluate: pass eval_dataset or set stsb_dev_file.")
+        check_sts_dataset(dataset)
+        return dataset
+
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        """The STS pairs as they are (no tokenisation, no column removal): `evaluation_loop` reads `.dataset`."""
+        dataset = self._sts_dataset(eval_dataset)
+        return DataLoader(dataset, batch_size=self.args.eval_batch_size, collate_fn=list)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Scores `dataloader.dataset` with `MoCoSESimilarityEvaluator`; no loss, no predictions."""
+        dataset = dataloader.dataset
+        check_sts_dataset(dataset)
+        model = self.accelerator.unwrap_model(self.model)
+        evaluator = MoCoSESimilarityEvaluator(
+            dataset["sentence1"], dataset["sentence2"], dataset["score"], tokenizer=self.processing_class,
+            max_length=eval_max_length(model, self.processing_class, self.args.eval_max_seq_length),
+            batch_size=self.args.per_device_eval_batch_size,
+        )
+        output_path = os.path.join(self.args.output_dir, "eval") if self.is_world_process_zero() else None
+        epoch = self.state.epoch if self.state.epoch is not None else -1
+        scores = evaluator(model, output_path=output_path, epoch=epoch, steps=self.state.global_step)
+        name = STS_EVALUATOR_NAME
+        metrics = {f"{metric_key_prefix}_{name}_spearman": 100 * float(scores[f"{name}_spearman_cosine"]),
+                   f"{metric_key_prefix}_{name}_pearson": 100 * float(scores[f"{name}_pearson_cosine"])}
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=len(dataset))
+
+
+__all__ = [
+    "STS_COLUMNS",
+    "STS_EVALUATOR_NAME",
+    "MoCoSESimilarityEvaluator",
+    "STSEvaluationMixin",
+    "check_sts_dataset",
+    "eval_max_length",
+    "stsb_dev_dataset",
+]

@@ -1,0 +1,167 @@
+"""Each ablation grid carries the MoCoSE paper's values for its table, and the recipes their seeds' settings.
+
+The expected values are written out here from the paper's tables (Cao et al., Findings of ACL 2022), not
+read from the grids: a grid that drifts from its table fails. Anything not in the paper lives in a
+`*-extra.yaml` grid that says so.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from hf_mocose.sweep import load_sweep
+from hf_mocose.training import parse_args
+from hf_mocose.training_args import MoCoSETrainingArguments
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "training_args"
+ABLATIONS = RECIPES / "ablations"
+BASE = "training_args/mocose-bert-base.yaml"
+
+
+def _runs(grid: str, tmp_path) -> list[MoCoSETrainingArguments]:
+    """The parsed arguments of every run of `grid`, in order (as `scripts/sweep.py` would launch them)."""
+    _, base, runs = load_sweep(ABLATIONS / grid, tmp_path)
+    assert base == BASE, grid
+    return [parse_args([str(REPO / base), *run.command(base, "x", [])[3:]])[1] for run in runs]
+
+
+def _values(runs, *fields) -> list[tuple]:
+    return [tuple(getattr(args, f) for f in fields) for args in runs]
+
+
+# Table 3: constant EMA decay.
+TABLE3 = [0.5, 0.8, 0.85, 0.9, 0.95, 0.99]
+# Table 4: projection depth x predictor depth.
+TABLE4 = [(p, q) for p in (0, 1, 2, 3) for q in (1, 2, 3)]
+# Table 5 rows: (fgsm_mode, token_shuffle, token_cutoff, feature_cutoff), each on top of dropout.
+TABLE5 = [("off", False, 0.0, 0.0), ("previous", False, 0.0, 0.0), ("off", True, 0.0, 0.0),
+          ("off", False, 0.1, 0.0), ("off", False, 0.0, 0.01), ("off", False, 0.0, 0.1)]
+# Table 6a / Figure 10: embedding (key) dimension, queue 512.
+TABLE6A = [256, 512, 768, 1024, 2048]
+# Table 6b: batch size at queue 512.
+TABLE6B = [32, 64, 128, 256]
+# Table 7: queue size x initial size (none, 1/4, 1/2, all).
+TABLE7 = [(k, s) for k in (128, 256, 512, 1024, 4096) for s in (0, k // 4, k // 2, k)]
+# Table 8: queue 1024, initial size 128, batch 256; negatives by age.
+TABLE8 = ["0:512", "256:768", "512:1024", "0:256,768:1024", None]
+# Table 9: FGSM epsilon; None = no FGSM.
+TABLE9 = [1e-9, 5e-9, 1e-8, 5e-8, None]
+
+PAPER_GRIDS = {"table3-ema-decay.yaml", "table4-heads.yaml", "table5-augmentations.yaml",
+               "table6a-embedding-dim.yaml", "table6b-batch-size.yaml", "table7-initial-queue.yaml",
+               "table8-queue-slices.yaml", "table9-fgsm-epsilon.yaml", "a2-collapse.yaml"}
+
+
+def test_every_grid_is_a_paper_table_or_a_named_extra(tmp_path):
+    for path in sorted(ABLATIONS.glob("*.yaml")):
+        name, _, _ = load_sweep(path, tmp_path)
+        if path.name in PAPER_GRIDS:
+            assert "Table" in path.read_text() or "Figure" in path.read_text(), path.name
+            assert not name.endswith("-extra"), path.name
+        else:
+            assert path.stem.endswith("-extra") and name.endswith("-extra"), path.name
+            assert "not in the paper" in path.read_text(), path.name
+    assert PAPER_GRIDS <= {p.name for p in ABLATIONS.glob("*.yaml")}
+
+
+def test_table3_constant_ema_decay(tmp_path):
+    runs = _runs("table3-ema-decay.yaml", tmp_path)
+    assert _values(runs, "ema_decay_start", "ema_decay_end") == [(eta, eta) for eta in TABLE3]
+
+
+def test_table3_ramp_reading_is_an_extra_with_the_reference_codes_horizon(tmp_path):
+    runs = _runs("table3-ema-decay-ramp-extra.yaml", tmp_path)
+    ramps = [(a.ema_decay_start, a.ema_decay_end) for a in runs if a.ema_decay_horizon == 15000]
+    assert ramps == [(eta, 1.0) for eta in TABLE3] + [(0.75, 1.0)]
+    schedules = {(a.ema_decay_start, a.ema_decay_end) for a in runs if a.ema_decay_horizon is None}
+    assert schedules == {(0.75, 0.95), (0.85, 1.0)}  # the final paper's and the draft's, over the run
+
+
+def test_table4_projection_and_predictor_depths(tmp_path):
+    assert _values(_runs("table4-heads.yaml", tmp_path), "projection_layers", "predictor_layers") == TABLE4
+
+
+def test_table5_augmentations(tmp_path):
+    runs = _runs("table5-augmentations.yaml", tmp_path)
+    assert _values(runs, "fgsm_mode", "token_shuffle", "token_cutoff", "feature_cutoff") == TABLE5
+    assert {(a.fgsm_epsilon, a.augmentation_views) for a in runs} == {(5e-9, "both")}  # as the reference code
+
+
+def test_table6a_embedding_dimension_is_the_reference_out_size(tmp_path):
+    runs = _runs("table6a-embedding-dim.yaml", tmp_path)
+    assert _values(runs, "projection_dim", "queue_size", "projection_layers") == [(d, 512, 1) for d in TABLE6A]
+    assert {a.predictor_dim for a in runs} == {None}  # the predictor follows the key width
+
+
+def test_table6b_batch_size_at_queue_512(tmp_path):
+    runs = _runs("table6b-batch-size.yaml", tmp_path)
+    assert _values(runs, "per_device_train_batch_size", "queue_size", "queue_init_size") == [
+        (b, 512, 128) for b in TABLE6B]
+
+
+def test_table7_queue_and_initial_sizes(tmp_path):
+    runs = _runs("table7-initial-queue.yaml", tmp_path)
+    assert _values(runs, "queue_size", "queue_init_size") == TABLE7
+    assert {a.per_device_train_batch_size for a in runs} == {64}
+
+
+def test_table8_queue_slices_with_the_papers_batch_queue_and_initial_size(tmp_path):
+    runs = _runs("table8-queue-slices.yaml", tmp_path)
+    assert [a.queue_slice for a in runs] == TABLE8
+    assert set(_values(runs, "per_device_train_batch_size", "queue_size", "queue_init_size")) == {(256, 1024, 128)}
+    prefilled = _runs("table8-queue-slices-prefilled-extra.yaml", tmp_path)
+    assert [a.queue_slice for a in prefilled] == TABLE8
+    assert set(_values(prefilled, "per_device_train_batch_size", "queue_size", "queue_init_size")) == {(256, 1024, 1024)}
+    small = _runs("table8-queue-slices-batch64-extra.yaml", tmp_path)
+    assert set(_values(small, "per_device_train_batch_size", "queue_size", "queue_init_size")) == {(64, 1024, 128)}
+
+
+def test_table9_fgsm_epsilon(tmp_path):
+    runs = _runs("table9-fgsm-epsilon.yaml", tmp_path)
+    assert [a.fgsm_epsilon if a.fgsm_mode == "previous" else None for a in runs] == TABLE9
+    assert [a.fgsm_mode for a in runs] == ["previous"] * 4 + ["off"]
+    assert {a.fgsm_epsilon_unit for a in runs} == {"absolute"}
+
+
+def test_a2_collapse_figures_5_and_6(tmp_path):
+    runs = _runs("a2-collapse.yaml", tmp_path)
+    assert _values(runs, "predictor_layers", "ema_decay_start", "ema_decay_end") == [(0, 0.0, 0.0), (2, 0.0, 0.0)]
+
+
+def test_paper_recipes_follow_the_final_papers_ema_and_say_how_to_get_the_reference_codes():
+    for recipe in ("mocose-bert-base.yaml", "mocose-bert-large.yaml"):
+        _, args = parse_args([str(RECIPES / recipe)])
+        assert (args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon) == (0.75, 0.95, None)
+        assert "ema_decay_horizon: 15000" in (RECIPES / recipe).read_text()
+    _, una = parse_args([str(RECIPES / "mocose-una-bert-base.yaml")])
+    assert una.hard_negatives == "una" and una.una_usage == "paper"
+
+
+def test_mocose_paper_recipes_share_the_embedding_module_and_name_the_in_batch_departure():
+    for recipe in ("mocose-bert-base.yaml", "mocose-bert-large.yaml", "mocose-una-bert-base.yaml"):
+        _, args = parse_args([str(RECIPES / recipe)])
+        assert args.shared_embeddings == "module", recipe  # the paper's Figure 2 and the reference code
+        assert args.in_batch_negatives, recipe  # the reference code's; the paper's eq. 3 is the queue only
+        assert "eq. 3" in (RECIPES / recipe).read_text(), recipe
+    assert MoCoSETrainingArguments(output_dir="unused").shared_embeddings == "word"  # the library default
+
+
+def test_ifcl_recipe_follows_the_ifcl_seed_and_says_what_the_full_method_needs():
+    path = RECIPES / "ifcl-bert-base.yaml"
+    _, args = parse_args([str(path)])
+    assert args.method == "ifcl"
+    assert args.sentence_pooling == "mean"  # the seed verifies with the mean of the last layer
+    assert (args.eval_steps, args.save_steps) == (151, 151)
+    text = path.read_text()
+    assert "fraternal_column" in text and "fraternal_model_name_or_path" in text
+    assert "w/o FI, TL" in text and "78.10" in text and "80.27" in text
+    assert "the paper used 64" not in text
+
+
+@pytest.mark.parametrize("claim", ["Defaults reproduce the MoCoSE paper"])
+def test_training_arguments_docstring_says_what_the_defaults_are(claim):
+    doc = MoCoSETrainingArguments.__doc__
+    assert claim not in doc
+    assert 'head_init="identity"' in doc and "head_learning_rate=1e-3" in doc
+    assert "training_args/mocose-bert-base.yaml" in doc
