@@ -100,7 +100,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
                  train_dataset: Dataset | None = None, eval_dataset: Dataset | None = None, processing_class=None,
                  data_collator=None, **kwargs):
-        model, processing_class, train_dataset = prepare_trainer_inputs(model, args, train_dataset, processing_class)
+        model, processing_class, train_dataset = prepare_trainer_inputs(model, args, train_dataset, processing_class,
+                                                                        eval_dataset)
         config = model.config
         una = self._build_una(args, train_dataset) if args.hard_negatives == "una" else None
         fraternal = train_dataset is not None and "fraternal_input_ids" in train_dataset.column_names

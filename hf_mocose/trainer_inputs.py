@@ -191,15 +191,32 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
         return tokenize_sentences(dataset, tokenizer, max_seq_length, keep_text=args.hard_negatives is not None)
 
 
-def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None):
+def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
     """`(MoCoSEModel, tokenizer, train_dataset)` from what `MoCoSETrainer.__init__` was given (see the module)."""
     from .training_args import MoCoSETrainingArguments
 
     if not isinstance(args, MoCoSETrainingArguments):
         raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
                         f"got {type(args).__name__}.")
+    turn_off_evaluation_without_sts_pairs(args, eval_dataset)
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
     train_dataset = prepare_train_dataset(train_dataset, processing_class, mocose_model.config.max_seq_length, args)
     return mocose_model, processing_class, train_dataset
+
+
+def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
+    """With nothing to score (no `eval_dataset`, no `stsb_dev_file`), the default `eval_strategy="steps"` is
+    turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    if eval_dataset is not None or args.stsb_dev_file or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+        return
+    if args.load_best_model_at_end:
+        raise ValueError("load_best_model_at_end needs STS pairs to score: pass eval_dataset (sentence1, sentence2, "
+                         "score) or set stsb_dev_file to SentEval's sts-dev.csv.")
+    logger.warning("No STS pairs to evaluate (no eval_dataset, no stsb_dev_file): training without evaluation "
+                   "(eval_strategy='no'). Pass eval_dataset or set stsb_dev_file to score STS-B dev.")
+    args.eval_strategy = IntervalStrategy.NO
+    args.do_eval = False

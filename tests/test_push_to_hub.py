@@ -42,14 +42,15 @@ def test_issue_snippet_trains_and_pushes_with_a_local_folder(fake_hub, tiny_enco
     """The snippet at the top of issue 18: a model folder (str), raw sentences, no processing_class."""
     from datasets import Dataset
 
-    from hf_mocose import MoCoSETrainer
+    from hf_mocose import MoCoSETrainer, MoCoSETrainingArguments
     from hf_mocose.data import python_docs_sentences
 
     sentences = python_docs_sentences()[:SENTENCES]
-    trainer = MoCoSETrainer(model=tiny_encoder,  # a local folder, as the issue says
-                            args=tiny_training_args(tmp_path / "out", hub_model_id="me/m", max_steps=2),
+    trainer = MoCoSETrainer(model=tiny_encoder,  # a local folder, as the issue says; the paper's default arguments
+                            args=MoCoSETrainingArguments(output_dir=str(tmp_path / "out"), hub_model_id="me/m"),
                             train_dataset=Dataset.from_dict({"text": sentences}))
     trainer.train()
+    assert trainer.state.global_step == 1  # 24 sentences, one batch of the paper's 64
     trainer.push_to_hub(model_name="My model", finetuned_from="sentence-transformers/all-MiniLM-L6-v2")
     repo = fake_hub.files[("me/m", "main")]
     assert root_files(repo) == snapshot(tmp_path / "out" / "sentence-transformers")

@@ -151,3 +151,19 @@ def test_predict_scores_pairs_and_embeds_sentences(tiny_encoder, tmp_path):
     assert sentences.predictions.shape == (5, 32) and np.allclose(sentences.predictions, want, atol=1e-6)
     with pytest.raises(ValueError, match="predict\\(\\) takes STS pairs .* or sentences .*; got label"):
         trainer.predict(Dataset.from_dict({"label": [1, 0]}))
+
+
+def test_default_evaluation_is_turned_off_when_there_is_nothing_to_score(tiny_encoder, tmp_path, caplog):
+    """`eval_strategy="steps"` is MoCoSE's default (STS-B dev every 100 steps); without STS pairs the Trainer would
+    refuse to start, so evaluation is turned off, saying so; `load_best_model_at_end` cannot be, and is refused."""
+    from hf_mocose import MoCoSETrainingArguments
+
+    with caplog.at_level(logging.WARNING, logger="hf_mocose.trainer_inputs"):
+        trainer = MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path)))
+    assert trainer.args.eval_strategy == "no" and "training without evaluation" in caplog.text
+    with_pairs = MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path)),
+                               eval_dataset=PAIRS)
+    assert with_pairs.args.eval_strategy == "steps"
+    with pytest.raises(ValueError, match="load_best_model_at_end needs STS pairs"):
+        MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path),
+                                                                       load_best_model_at_end=True, save_steps=100))
