@@ -147,7 +147,11 @@ def create_hub_repo(name: str, *, token: str | None = None, private: bool | None
     if "/" in name:
         validate_repo_id(name)
     else:
-        validate_repo_id(f"namespace/{name}")  # the characters of a model name
+        try:
+            validate_repo_id(f"namespace/{name}")  # the characters of a model name
+        except ValueError:
+            raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
+                             "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
     api = hub_api(token, endpoint, owner)
     with hub_errors("Creating the repo", name, api.token):
         return api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id

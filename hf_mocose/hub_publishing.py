@@ -199,7 +199,8 @@ class HubPublishingMixin:
     def _push_from_checkpoint(self, checkpoint_folder):
         from transformers.utils.hub import PushInProgress
 
-        if not self.is_world_process_zero() or checkpoint_path_in_repo(self.args.hub_strategy, checkpoint_folder) is None:
+        strategy = self.args.hub_strategy
+        if not self.is_world_process_zero() or checkpoint_path_in_repo(strategy, checkpoint_folder) is None:
             return
         if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
             return

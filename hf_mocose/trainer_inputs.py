@@ -95,7 +95,8 @@ def from_pretrained_kwargs(args) -> dict:
     return {**kwargs, "dtype": dtype}
 
 
-def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = None) -> MoCoSEModel:
+def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = None,
+                       field: str = "model") -> MoCoSEModel:
     """The `MoCoSEModel` to train from what `MoCoSETrainer(model=...)` was given.
 
     Args:
@@ -105,6 +106,7 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
             or a loaded `PreTrainedModel` encoder (a fresh MoCoSE model around a copy of it, in its dtype).
         args: `MoCoSETrainingArguments`.
         fraternal_model_name_or_path: IFCL's fraternal model, for a fresh model built from an id or folder.
+        field: how errors name `model` (`scripts/train.py`: `model_name_or_path`).
     """
     if isinstance(model, MoCoSEModel):
         _warn_unused_init_kwargs(args, "a MoCoSEModel")
@@ -113,7 +115,7 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
         source = str(model)
         fraternal = {} if fraternal_model_name_or_path is None else {
             "fraternal_model_name_or_path": fraternal_model_name_or_path}
-        built = MoCoSEModel.from_pretrained(resolve_model_path(source, "model"), **from_pretrained_kwargs(args),
+        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field), **from_pretrained_kwargs(args),
                                             **args.model_config_kwargs(), **fraternal)
         if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
             built.config.base_model_name_or_path = MINILM_HUB_ID  # not the package's folder: the card names it
@@ -133,7 +135,7 @@ def _warn_unused_init_kwargs(args, what: str) -> None:
                        "ignored: %s", what, args.model_init_kwargs)
 
 
-def load_tokenizer(model: MoCoSEModel, source=None, args=None):
+def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "model"):
     """The tokenizer of `model` when `MoCoSETrainer` was given none, with `AutoTokenizer.from_pretrained`.
 
     Tried in order: the id or folder the model came from (`source`, with the location keywords of
@@ -144,7 +146,7 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None):
     init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
     location = {k: init_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in init_kwargs}
     if isinstance(source, (str, os.PathLike)):
-        source = resolve_model_path(str(source), "model")
+        source = resolve_model_path(str(source), field)
     else:
         source = None
     config = model.config
@@ -211,7 +213,8 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
     turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
     from transformers.trainer_utils import IntervalStrategy
 
-    if eval_dataset is not None or args.stsb_dev_file or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    if eval_dataset is not None or args.stsb_dev_file or strategy == "no":
         return
     if args.load_best_model_at_end:
         raise ValueError("load_best_model_at_end needs STS pairs to score: pass eval_dataset (sentence1, sentence2, "

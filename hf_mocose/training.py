@@ -203,10 +203,10 @@ def main(argv: list[str] | None = None) -> str:
     fraternal = script_args.fraternal_model_name_or_path if script_args.fraternal_column else None
     if fraternal:
         check_model_source(fraternal, "fraternal_model_name_or_path")
-    model = build_mocose_model(script_args.model_name_or_path, args, fraternal_model_name_or_path=fraternal)
+    model = build_mocose_model(script_args.model_name_or_path, args, fraternal, field="model_name_or_path")
     if script_args.base_model:  # a MoCoSE checkpoint, or a fresh model from a folder, keeps its own record otherwise
         model.config.base_model_name_or_path = script_args.base_model
-    tokenizer = load_tokenizer(model, script_args.model_name_or_path, args)
+    tokenizer = load_tokenizer(model, script_args.model_name_or_path, args, field="model_name_or_path")
     if script_args.export_sentence_transformers or args.push_to_hub:  # a bad export length fails now, not after training
         inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):

@@ -119,6 +119,13 @@ def test_without_hub_model_id_the_repo_is_named_after_output_dir_as_trainer_does
     assert f'SentenceTransformer("{fake_hub.user}/my-run")' in card
 
 
+def test_an_output_dir_name_that_cannot_be_a_repo_name_says_to_set_hub_model_id(fake_hub, tiny_encoder, tmp_path):
+    trainer = make_trainer(tiny_encoder, tmp_path / "my run", n_sentences=SENTENCES)
+    with pytest.raises(ValueError, match="'my run' is not a valid model repo name .* set hub_model_id"):
+        trainer.push_to_hub()
+    assert fake_hub.requests == [] and not (tmp_path / "my run" / "final").exists()
+
+
 def test_blocking_false_surfaces_the_upload_error(fake_hub, tiny_encoder, tmp_path):
     trainer = make_trainer(tiny_encoder, tmp_path / "run", n_sentences=SENTENCES, hub_model_id="alice/run")
     fake_hub.fail_commit = 500

@@ -188,7 +188,8 @@ class STSEvaluationMixin:
                    f"{metric_key_prefix}_{name}_pearson": 100 * float(scores[f"{name}_pearson_cosine"])}
         similarities, gold = evaluator.pair_similarities(), np.asarray(evaluator.scores)
         if self.compute_metrics is not None:  # as Trainer.evaluation_loop: the user's metrics, prefixed
-            extra = denumpify_detensorize(self.compute_metrics(EvalPrediction(predictions=similarities, label_ids=gold)))
+            prediction = EvalPrediction(predictions=similarities, label_ids=gold)
+            extra = denumpify_detensorize(self.compute_metrics(prediction))
             metrics.update({k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
                             for k, v in extra.items()})
         return EvalLoopOutput(predictions=similarities, label_ids=gold, metrics=metrics, num_samples=len(dataset))
