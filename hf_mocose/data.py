@@ -101,7 +101,8 @@ def load_sentences(
 def tokenize_sentences(
     dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None, keep_text: bool = False
 ) -> Dataset:
-    """Tokenises the `text` column once with `Dataset.map` (cached); over-long sentences are truncated.
+    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`);
+    over-long sentences are truncated.
 
     Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
     keeps the sentences (and given positives' text) beside the tokens: hard negatives are made from
@@ -115,13 +116,9 @@ def tokenize_sentences(
         return encoded
 
     removed = [] if keep_text else [c for c in ("text", "positive_text") if c in dataset.column_names]
-    return dataset.map(
-        encode,
-        batched=True,
-        remove_columns=removed,
-        num_proc=num_proc,
-        desc="Tokenizing",
-    )
+    # An IterableDataset tokenises lazily, as it streams: no worker processes, no progress bar.
+    eager = {"num_proc": num_proc, "desc": "Tokenizing"} if isinstance(dataset, Dataset) else {}
+    return dataset.map(encode, batched=True, remove_columns=removed, **eager)
 
 
 def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: int) -> Dataset:

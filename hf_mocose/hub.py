@@ -4,19 +4,23 @@
 
 Repository layout this package writes (so `SentenceTransformer(repo_id)` always works):
 
-    /                      the sentence-transformers export + README.md card   (publish_final_model, push)
+    /                      the sentence-transformers export + README.md card   (hub_publishing, push)
     mocose/                the full MoCoSE model (config.json with model_type "mocose", weights, tokenizer),
                            for continued training: MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")
     last-checkpoint/       the latest resumable training checkpoint   (hub_strategy="checkpoint")
     checkpoint-N/          every resumable training checkpoint        (hub_strategy="all_checkpoints")
 
-The token comes from huggingface_hub's usual sources (HF_TOKEN, `hf auth login` cache) unless
-passed explicitly; it is never printed, logged or written anywhere.
+Every upload is ONE `HfApi.create_commit` of `CommitOperationAdd`s (`commit_to_hub`), so a push that
+puts the export at the root and the MoCoSE model in `mocose/` lands as one commit, and its errors
+surface from that one call (or its one `Future`). What a training run publishes, and when, is
+`hub_publishing.py`. The token comes from huggingface_hub's usual sources (HF_TOKEN, `hf auth login`
+cache) unless passed explicitly; it is never printed, logged or written anywhere.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 MOCOSE_SUBFOLDER = "mocose"
@@ -78,6 +82,116 @@ def _scrub(message: str, token: str | None) -> str:
     return message.replace(token, "***") if token else message
 
 
+@contextmanager
+def hub_errors(what: str, repo_id: str, token: str | None):
+    """Turns any failure of the calls inside into a `HubPushError` naming `what` and `repo_id`, token scrubbed."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        yield
+    except HfHubHTTPError as err:
+        status = getattr(err.response, "status_code", None)
+        hint = {401: " (token rejected)", 403: " (no write access to this namespace)"}.get(status, "")
+        raise HubPushError(
+            _scrub(f"{what} to {repo_id!r} failed{hint}: {err}. The local folder was not changed.", token)
+        ) from None
+    except Exception as err:  # connection refused, timeouts, malformed server answers (httpx errors are no OSError)
+        raise HubPushError(
+            _scrub(f"{what} to {repo_id!r} failed: {type(err).__name__}: {err}. The local folder was not changed.",
+                   token)
+        ) from None
+
+
+def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
+    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused.
+
+    With `owner` (a trainer), the same `HfApi` is reused for the same endpoint and token, so the
+    uploads it runs as futures go through its one worker thread in the order they were asked for.
+    """
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
+    token = _resolve_token(token)
+    # HF_ENDPOINT is read at call time (huggingface_hub reads it once at import).
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    if owner is None:
+        return HfApi(endpoint=endpoint, token=token)
+    apis = owner.__dict__.setdefault("_hub_apis", {})
+    if (endpoint, token) not in apis:
+        apis[(endpoint, token)] = HfApi(endpoint=endpoint, token=token)
+    return apis[(endpoint, token)]
+
+
+def folder_operations(folder: str | os.PathLike, path_in_repo: str | None = None,
+                      ignore_patterns: list[str] | None = None) -> list:
+    """A `CommitOperationAdd` for every file `upload_folder` would send from `folder` (same filtering)."""
+    from huggingface_hub import CommitOperationAdd
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Folder to upload {str(folder)!r} does not exist.")
+    prefix = f"{path_in_repo.strip('/')}/" if path_in_repo else ""
+    root = folder.expanduser().resolve()
+    return [CommitOperationAdd(path_in_repo=prefix + path, path_or_fileobj=str(root / path))
+            for path, _ in list_upload_files(root, ignore_patterns)]
+
+
+def create_hub_repo(name: str, *, token: str | None = None, private: bool | None = None,
+                    endpoint: str | None = None, owner=None) -> str:
+    """Creates the model repo `name` if needed and returns its `namespace/name` id.
+
+    A bare `name` goes to the token's own namespace, as `Trainer.init_hf_repo` does with the
+    `output_dir`'s name when no `hub_model_id` is set. An invalid name is a `ValueError` naming it.
+    """
+    if "/" in name:
+        validate_repo_id(name)
+    else:
+        try:
+            validate_repo_id(f"namespace/{name}")  # the characters of a model name
+        except ValueError:
+            raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
+                             "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
+    api = hub_api(token, endpoint, owner)
+    with hub_errors("Creating the repo", name, api.token):
+        return api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
+
+
+def commit_to_hub(
+    operations: list,
+    repo_id: str,
+    *,
+    commit_message: str,
+    what: str = "Upload",
+    private: bool | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    run_as_future: bool = False,
+    owner=None,
+):
+    """Creates `repo_id` if needed (and the branch `revision`) and commits `operations` in ONE `create_commit`.
+
+    Returns the `CommitInfo`, or with `run_as_future` a `Future` of it whose `result()` raises the
+    `HubPushError`. Errors are `HubPushError`s naming `what` and the repo, with the token scrubbed.
+    `owner`: see `hub_api` (futures of one trainer run in order).
+    """
+    from huggingface_hub import constants
+
+    validate_repo_id(repo_id)
+    api = hub_api(token, endpoint, owner)
+
+    def commit():
+        with hub_errors(what, repo_id, api.token):
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            if revision and revision != constants.DEFAULT_REVISION:
+                api.create_branch(repo_id, branch=revision, exist_ok=True)  # a commit needs an existing branch
+            return api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision,
+                                     repo_type="model")
+
+    return api.run_as_future(commit) if run_as_future else commit()
+
+
 def upload_to_hub(
     folder: str | os.PathLike,
     repo_id: str,
@@ -90,48 +204,19 @@ def upload_to_hub(
     endpoint: str | None = None,
     ignore_patterns: list[str] | None = None,
     run_as_future: bool = False,
+    owner=None,
 ):
-    """Creates `repo_id` if needed (and the branch `revision`) and uploads `folder` with `upload_folder`.
+    """Uploads `folder` (to `path_in_repo`) in one commit; see `commit_to_hub` for the rest.
 
-    Returns the `CommitInfo` (or a `Future` of it with `run_as_future`). Errors are raised as
-    `HubPushError` with the token scrubbed from the message; nothing local is modified.
+    Nothing local is modified.
     """
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import HfHubHTTPError
-
     validate_repo_id(repo_id)
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"Folder to upload {str(folder)!r} does not exist.")
-    if constants.is_offline_mode():
-        raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
-    token = _resolve_token(token)
-    # HF_ENDPOINT is read at call time (huggingface_hub reads it once at import).
-    api = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None, token=token)
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        if revision and revision != constants.DEFAULT_REVISION:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)  # upload_folder needs an existing branch
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            path_in_repo=path_in_repo,
-            revision=revision,
-            commit_message=commit_message or f"Upload {folder.name} with hf-mocose",
-            ignore_patterns=ignore_patterns,
-            run_as_future=run_as_future,
-        )
-    except HfHubHTTPError as err:
-        status = getattr(err.response, "status_code", None)
-        hint = {401: " (token rejected)", 403: " (no write access to this namespace)"}.get(status, "")
-        raise HubPushError(
-            _scrub(f"Upload of {str(folder)!r} to {repo_id!r} failed{hint}: {err}. The local folder was not changed.", token)
-        ) from None
-    except Exception as err:  # connection refused, timeouts, malformed server answers (httpx errors are no OSError)
-        raise HubPushError(
-            _scrub(f"Upload of {str(folder)!r} to {repo_id!r} failed: {type(err).__name__}: {err}. "
-                   "The local folder was not changed.", token)
-        ) from None
+    operations = folder_operations(folder, path_in_repo, ignore_patterns)
+    return commit_to_hub(
+        operations, repo_id, what=f"Upload of {str(folder)!r}", private=private, revision=revision, token=token,
+        endpoint=endpoint, run_as_future=run_as_future, owner=owner,
+        commit_message=commit_message or f"Upload {Path(folder).name} with hf-mocose",
+    )
 
 
 def push_export(
@@ -166,176 +251,3 @@ def push_export(
         commit_message=commit_message or "Upload sentence-transformers export (hf-mocose)",
     )
     return commit.commit_url
-
-
-# ----------------------------------------------------------------------------- training integration
-def checkpoint_path_in_repo(hub_strategy: str, checkpoint_folder: str | os.PathLike) -> str | None:
-    """Where a training checkpoint goes in the repo for `hub_strategy` (None: not pushed on save).
-
-    Mirrors transformers' names (`last-checkpoint/`, `checkpoint-N/`), but the model files that
-    transformers would push to the root go to `mocose/`: the root belongs to the export.
-    """
-    strategy = str(getattr(hub_strategy, "value", hub_strategy))
-    return {
-        "checkpoint": "last-checkpoint",
-        "all_checkpoints": Path(checkpoint_folder).name,
-        "every_save": MOCOSE_SUBFOLDER,
-    }.get(strategy)
-
-
-def push_training_checkpoint(trainer, checkpoint_folder: str | os.PathLike):
-    """Replacement for `Trainer._push_from_checkpoint`: pushes a checkpoint without touching the root.
-
-    Call it from `MoCoSETrainer._push_from_checkpoint(checkpoint_folder)` (main process only).
-    Returns the upload `Future`, or None when `hub_strategy` pushes nothing on save ("end").
-    """
-    args = trainer.args
-    path_in_repo = checkpoint_path_in_repo(args.hub_strategy, checkpoint_folder)
-    if not trainer.is_world_process_zero() or path_in_repo is None:
-        return None
-    ignore = list(CHECKPOINT_IGNORE)
-    if path_in_repo == MOCOSE_SUBFOLDER:  # model files only, as transformers does for every_save
-        ignore += ["optimizer.pt", "scheduler.pt", "rng_state*.pth", "fgsm_state*.pt", "trainer_state.json"]
-    return upload_to_hub(
-        checkpoint_folder, trainer.hub_model_id, path_in_repo=path_in_repo, revision=args.hub_revision,
-        private=args.hub_private_repo, token=args.hub_token, ignore_patterns=ignore, run_as_future=True,
-        commit_message=f"Training in progress, step {trainer.state.global_step}",
-    )
-
-
-def describe_hardware(args) -> str:
-    """'N x <GPU name>' (or CPU) for the card, from the live training arguments."""
-    import torch
-
-    world = getattr(args, "world_size", 1)
-    if torch.cuda.is_available():
-        return f"{world} x {torch.cuda.get_device_name(0)}"
-    return f"{world} x CPU process" + ("es" if world > 1 else "")
-
-
-def publish_final_model(
-    trainer,
-    final_dir: str | os.PathLike,
-    *,
-    export_dir: str | os.PathLike | None = None,
-    eval_results: str | os.PathLike | dict | None = None,
-    corpus: str | None = None,
-    datasets: list[str] | tuple[str, ...] = (),
-    push: bool | None = None,
-    max_seq_length: int | None = None,
-    **card_kwargs,
-) -> Path | None:
-    """End-of-training publishing: export, card and (with `push_to_hub`) upload.
-
-    Exports `final_dir` (the saved MoCoSE model) to `export_dir` (default
-    `<output_dir>/sentence-transformers`), writes the card with the live run's facts (global
-    batch size, hardware, wall time, hyper-parameters) and, when `args.push_to_hub` (or `push`),
-    uploads the export to the repo root and `final_dir` to `mocose/` (`upload_final_model`).
-    `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
-    Runs on the main process only; returns the export folder there, None elsewhere. `card_kwargs` go to
-    `write_model_card` (e.g. `base_model=...` to override the config's `base_model_name_or_path`).
-    """
-    if not trainer.is_world_process_zero():
-        return None
-    push = trainer.args.push_to_hub if push is None else push
-    if push:
-        final_repo_id(trainer)  # no repo id: fail before the export, not after it
-    export_dir = export_final_model(trainer, final_dir, export_dir=export_dir, eval_results=eval_results,
-                                    corpus=corpus, datasets=datasets, max_seq_length=max_seq_length, **card_kwargs)
-    if push:
-        upload_final_model(trainer, final_dir, export_dir)
-    return export_dir
-
-
-def final_repo_id(trainer) -> str:
-    """The repo the final model goes to (`hub_model_id`); a `ValueError` says how to set it when there is none."""
-    repo_id = getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id
-    if not repo_id:
-        raise ValueError("Publishing to the Hub needs a repo id: set hub_model_id to 'namespace/name'.")
-    return validate_repo_id(repo_id)
-
-
-def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None, corpus=None, datasets=(),
-                       max_seq_length: int | None = None, **card_kwargs) -> Path:
-    """Writes the sentence-transformers export of `final_dir` with the live run's card; returns its folder.
-
-    `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
-    """
-    from .export import export_to_sentence_transformers
-
-    args = trainer.args
-    export_dir = Path(export_dir or Path(args.output_dir) / "sentence-transformers")
-    runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
-    repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
-    return export_to_sentence_transformers(
-        final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
-        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
-        global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
-        **{"export_name": Path(args.output_dir).name, **card_kwargs},
-    )
-
-
-def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
-                       revision: str | None = None, token: str | None = None, private: bool | None = None,
-                       blocking: bool = True):
-    """Uploads `final_dir` to `mocose/`, then the export (with its card) to the repo root.
-
-    `revision`, `token` and `private` default to `hub_revision`, `hub_token` and `hub_private_repo`.
-    Returns the root commit's `CommitInfo`, or with `blocking=False` its `Future` (both uploads
-    then run in the background, in order).
-    """
-    args = trainer.args
-    hub = dict(revision=revision or args.hub_revision, token=token or args.hub_token,
-               private=args.hub_private_repo if private is None else private, run_as_future=not blocking)
-    repo_id = final_repo_id(trainer)
-    upload_to_hub(final_dir, repo_id, path_in_repo=MOCOSE_SUBFOLDER, ignore_patterns=CHECKPOINT_IGNORE,
-                  commit_message="Upload the MoCoSE model (hf-mocose)", **hub)
-    return upload_to_hub(export_dir, repo_id, commit_message=commit_message or "Upload sentence-transformers export "
-                         "(hf-mocose)", **hub)
-
-
-class HubPublishingMixin:
-    """`Trainer` hooks that keep the Hub layout above: checkpoints in sub-folders, the export at the root.
-
-    `push_to_hub()` publishes what `hf-mocose export` + `hf-mocose push` (and the end of
-    `scripts/train.py`) publish; `_push_from_checkpoint` sends resumable checkpoints where
-    `hub_strategy` says, never to the root.
-    """
-
-    def _push_from_checkpoint(self, checkpoint_folder):
-        from transformers.utils.hub import PushInProgress
-
-        if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
-            return
-        job = push_training_checkpoint(self, checkpoint_folder)
-        if job is not None:
-            self.push_in_progress = PushInProgress([job])
-
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
-                    token: str | None = None, revision: str | None = None, private: bool | None = None,
-                    final_dir: str | os.PathLike | None = None, **card_kwargs):
-        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would.
-
-        The MoCoSE model is saved to `final_dir` (default `<output_dir>/final`) and uploaded to the
-        repo's `mocose/` folder; its sentence-transformers export, with the model card, is written to
-        `<output_dir>/sentence-transformers` and uploaded to the repo root, so
-        `SentenceTransformer(hub_model_id)` loads it. `token`, `revision` and `private` default to
-        `hub_token`, `hub_revision` and `hub_private_repo`; `card_kwargs` go to the card
-        (`eval_results`, `corpus`, `datasets`, `base_model`, `language`, `license`, `tags`...) and
-        `max_seq_length` to the export (its inference length).
-
-        Returns the root commit's `CommitInfo` (a `Future` of it with `blocking=False`) on the main
-        process, None on the others. Raises a `ValueError` without `hub_model_id`, a `HubPushError`
-        when the upload fails.
-        """
-        self.callback_handler.on_push_begin(self.args, self.state, self.control)
-        if self.is_world_process_zero():
-            final_repo_id(self)  # fail before saving anything
-        final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
-        self.save_model(str(final_dir), _internal_call=True)  # every process (sharded saves need them all)
-        if not self.is_world_process_zero():
-            return None
-        self._finish_current_push()
-        export_dir = export_final_model(self, final_dir, **card_kwargs)
-        return upload_final_model(self, final_dir, export_dir, commit_message=commit_message, revision=revision,
-                                  token=token, private=private, blocking=blocking)

@@ -19,6 +19,7 @@ step instead of averaged. The queue (`KeyQueue`) and the target weights are pers
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ from .queue import KeyQueue
 from .sequence_length import sentence_transformers_max_seq_length
 
 # Attribute names that hold dropout probabilities in the common encoder configs.
+# `from_pretrained` keywords that say where config.json is (the rest are for loading weights).
+CONFIG_LOCATION_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "trust_remote_code",
+                          "force_download", "proxies")
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
 
 
@@ -148,18 +152,27 @@ class MoCoSEModel(PreTrainedModel):
     # ----------------------------------------------------------------- construction
     @classmethod
     def from_encoder(
-        cls, encoder_name_or_path: str, fraternal_model_name_or_path: str | None = None, **config_kwargs
+        cls, encoder_name_or_path: str | PreTrainedModel, fraternal_model_name_or_path: str | None = None,
+        **config_kwargs,
     ) -> "MoCoSEModel":
-        """Builds a fresh MoCoSE model around a pretrained encoder checkpoint.
+        """Builds a fresh MoCoSE model around a pretrained encoder: a folder or Hub id, or a loaded model (its
+        `base_model` if it has a task head; the MoCoSE model takes its dtype, the queue stays fp32).
 
-        The online and target encoders start as the checkpoint; the pooler Linear starts from the
-        checkpoint's pooler dense weights when it has them. `config_kwargs` are `MoCoSEConfig` fields.
-        `fraternal_model_name_or_path` (IFCL) copies that model's word vectors as the fraternal table
-        (lifted to its hidden size when its embeddings are factorised, as ALBERT's: `hf_mocose.fraternal`).
+        Both encoders start as the encoder; the pooler Linear from its pooler dense weights when it has them.
+        `config_kwargs` are `MoCoSEConfig` fields. `fraternal_model_name_or_path` (IFCL) copies that model's
+        word vectors as the fraternal table (lifted to its hidden size when its embeddings are factorised, as
+        ALBERT's: `hf_mocose.fraternal`).
         """
-        encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
-        check_is_encoder(encoder_config, str(encoder_name_or_path))
-        pretrained = AutoModel.from_pretrained(encoder_name_or_path)
+        if isinstance(encoder_name_or_path, PreTrainedModel):
+            pretrained = encoder_name_or_path.base_model
+            name = getattr(pretrained.config, "_name_or_path", "") or ""
+            encoder_config = copy.deepcopy(pretrained.config)  # the caller's model keeps its own config
+            check_is_encoder(encoder_config, name or type(encoder_name_or_path).__name__)
+        else:
+            name = str(encoder_name_or_path)
+            encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
+            check_is_encoder(encoder_config, name)
+            pretrained = AutoModel.from_pretrained(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
             from .fraternal import fraternal_word_vectors
@@ -179,28 +192,38 @@ class MoCoSEModel(PreTrainedModel):
         model.online_encoder.load_state_dict(state, strict=True)
         if model.config.uses_target:
             model.copy_online_to_target()
-        model.config.encoder_config._name_or_path = str(encoder_name_or_path)
+        if isinstance(encoder_name_or_path, PreTrainedModel):
+            dtype = next(pretrained.parameters()).dtype  # as loaded (e.g. `dtype=torch.bfloat16`), heads included
+            if any(p.dtype != dtype for p in model.parameters()):
+                model.to(dtype).keep_queue_in_fp32()
+        model.config.encoder_config._name_or_path = name
         # The export's inference length; recorded now because the base folder may be gone at export time.
-        model.config.base_max_seq_length = sentence_transformers_max_seq_length(encoder_name_or_path)
-        if model.config.base_model_name_or_path is None:  # named in every export's card (model_card.py)
-            model.config.base_model_name_or_path = base_model_id(encoder_name_or_path)
+        model.config.base_max_seq_length = sentence_transformers_max_seq_length(name)
+        if model.config.base_model_name_or_path is None and name:  # named in every export's card (model_card.py)
+            model.config.base_model_name_or_path = base_model_id(name)
         return model
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Loads a MoCoSE checkpoint, or builds a fresh MoCoSE model around a plain encoder checkpoint.
+        """Loads a MoCoSE checkpoint (`subfolder="mocose"` of a published repo too), or builds a fresh MoCoSE
+        model around a plain encoder checkpoint.
 
-        For a plain encoder, keyword arguments named in `MODEL_CONFIG_FIELDS` (and
-        `fraternal_model_name_or_path`) configure the new model; for a MoCoSE checkpoint they are
-        ignored with a warning unless equal.
+        For an encoder, keywords named in `MODEL_CONFIG_FIELDS` (and `fraternal_model_name_or_path`)
+        configure the new model, the others (`dtype`, float32 by default as in TRL, `revision`...) go to its
+        `AutoModel.from_pretrained`; a MoCoSE checkpoint keeps its config (a warning names what differs).
         """
         overrides = {k: kwargs.pop(k) for k in (*MODEL_CONFIG_FIELDS, "fraternal_model_name_or_path") if k in kwargs}
         if kwargs.get("config") is None:
-            probe = AutoConfig.from_pretrained(pretrained_model_name_or_path)
+            location = {k: kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in kwargs}
+            probe = AutoConfig.from_pretrained(pretrained_model_name_or_path, **location)
             if probe.model_type != MoCoSEConfig.model_type:
-                return cls.from_encoder(pretrained_model_name_or_path, **overrides)
+                check_is_encoder(probe, str(pretrained_model_name_or_path))
+                kwargs.setdefault("dtype", torch.float32)  # a fresh model trains in float32 unless asked (as TRL)
+                encoder = AutoModel.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+                return cls.from_encoder(encoder, **overrides)
         overrides.pop("fraternal_model_name_or_path", None)  # a checkpoint keeps its own fraternal table
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model.keep_queue_in_fp32()  # also when loaded with another `dtype`
         changed = {k: v for k, v in overrides.items() if getattr(model.config, k) != v}
         if changed:
             from transformers.utils import logging
@@ -209,6 +232,11 @@ class MoCoSEModel(PreTrainedModel):
                 f"{pretrained_model_name_or_path} is a MoCoSE checkpoint; its own config wins over {changed}."
             )
         return model
+
+    def keep_queue_in_fp32(self) -> None:
+        """Returns the queue to fp32 after a cast of the whole model (`dtype=...`), as `KeyQueue` expects."""
+        if self.config.uses_queue and self.queue.keys.dtype != torch.float32:
+            self.queue.float()
 
     def _init_weights(self, module: nn.Module) -> None:
         init_head_weights(module, getattr(self.config.encoder_config, "initializer_range", 0.02))

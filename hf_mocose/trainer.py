@@ -1,15 +1,20 @@
 """`MoCoSETrainer`: a `Trainer` that computes the contrastive loss, feeds the queue and scores STS-B dev.
 
-The training loop is `transformers.Trainer`'s own. This class overrides only:
+The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a
+loaded encoder, raw sentences and a missing tokenizer into what it trains (`trainer_inputs`, as TRL's
+trainers take them). This class overrides only:
   - `compute_loss`: views (FGSM, embedding augmentations), forward, gathered keys, InfoNCE;
   - `training_step`: after the backward, enqueue the step's keys (the loss must not see its own keys);
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
-  - `get_eval_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev
-    (`eval_stsb_spearman`, plus the Trainer's speed metrics) so `load_best_model_at_end` works;
+  - `get_eval_dataloader`/`get_test_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate`
+    scores STS-B dev (`eval_stsb_spearman` x100, `compute_metrics`, the Trainer's speed metrics) so
+    `load_best_model_at_end` works; `predict` gives pair similarities or sentence embeddings;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume);
-  - `push_to_hub`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds the
-    sentence-transformers export, the MoCoSE model goes to `mocose/`, checkpoints to sub-folders.
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json`
+    (what the model card reads, so it never unpickles `training_args.bin`);
+  - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
+    the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
+    sub-folders; `Trainer.push_to_hub`'s keywords reach the card.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
 Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
 `_contrastive_loss`; they differ only in configuration.
@@ -27,17 +32,19 @@ import torch.distributed as dist
 from datasets import Dataset
 from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
 from torch.nn import functional as F
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range, refuse_sharded_ema
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
-from .hub import HubPublishingMixin
+from .hub_publishing import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
+from .model_card_facts import save_card_training_args
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
+from .trainer_inputs import prepare_trainer_inputs
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
@@ -67,26 +74,40 @@ def mean_pairwise_cosine(vectors: torch.Tensor) -> torch.Tensor:
 class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     """Trains a [`MoCoSEModel`] with [`MoCoSETrainingArguments`].
 
+    ```python
+    trainer = MoCoSETrainer(model="sentence-transformers/all-MiniLM-L6-v2",  # or a folder, or a loaded model
+                            args=MoCoSETrainingArguments(output_dir="out", hub_model_id="me/m"),
+                            train_dataset=Dataset.from_dict({"text": sentences}))
+    ```
+
     Args:
-        model: a `MoCoSEModel`.
+        model: a `MoCoSEModel`; a model id or folder (`str`) -- a MoCoSE checkpoint, or an encoder that a
+            fresh MoCoSE model is built around with the *(model)* fields of `args`, loaded with
+            `args.model_init_kwargs` (e.g. `{"dtype": "bfloat16"}`); `builtin:all-MiniLM-L6-v2`; or a loaded
+            `PreTrainedModel` encoder (see `hf_mocose.trainer_inputs`).
         args: `MoCoSETrainingArguments`.
-        train_dataset: tokenised sentences (`input_ids`, `attention_mask`, ...; plus `text`, and any
-            `positive_text`, for UNA).
+        train_dataset: raw sentences in a `text` column (tokenised here, truncated at `max_seq_length`;
+            optional `positive_text`), or tokenised ones (`input_ids`, `attention_mask`, ...; plus `text`,
+            and any `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
-        processing_class: the tokenizer (also used to encode the STS sentences and hard negatives).
+        processing_class: the tokenizer (also used to encode the STS sentences and hard negatives);
+            loaded with `AutoTokenizer` from where the model came from when omitted.
+        compute_metrics: called at each evaluation with `EvalPrediction(predictions=cosine similarities (N,),
+            label_ids=gold scores (N,))` of the STS pairs; its metrics are added with the key prefix.
         **kwargs: passed to `Trainer`.
     """
 
-    def __init__(self, model: MoCoSEModel, args: MoCoSETrainingArguments, train_dataset: Dataset | None = None,
-                 eval_dataset: Dataset | None = None, processing_class=None, data_collator=None, **kwargs):
-        if not isinstance(model, MoCoSEModel):
-            raise TypeError(f"MoCoSETrainer trains a MoCoSEModel, got {type(model).__name__}.")
+    def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
+                 train_dataset: Dataset | None = None, eval_dataset: Dataset | None = None, processing_class=None,
+                 data_collator=None, **kwargs):
+        model, processing_class, train_dataset = prepare_trainer_inputs(model, args, train_dataset, processing_class,
+                                                                        eval_dataset)
         config = model.config
         una = self._build_una(args, train_dataset) if args.hard_negatives == "una" else None
         fraternal = train_dataset is not None and "fraternal_input_ids" in train_dataset.column_names
         if fraternal and config.method != "ifcl":
             raise ValueError(f"A fraternal view is IFCL's: set method='ifcl' (got {config.method!r}).")
-        if data_collator is None and processing_class is not None:
+        if data_collator is None:
             # The fraternal view is fused position by position: anchors padded to the same fixed length.
             data_collator = ContrastiveCollator(processing_class, config.max_seq_length,
                                                 args.pad_to_max_length or fraternal, una_augmenter=una, seed=args.seed)
@@ -335,6 +356,15 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         return super().train(resume, *args, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """`Trainer._save` (model, tokenizer, training_args.bin), plus `training_args.json` for the model card.
+
+        Every saved model and checkpoint gets the JSON, so a card never has to unpickle the `.bin`.
+        """
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            save_card_training_args(self.args, output_dir if output_dir is not None else self.args.output_dir)
 
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""

@@ -8,7 +8,12 @@ two steps that assume a loss over batches:
   - `evaluation_loop`: `MoCoSESimilarityEvaluator`, i.e. sentence-transformers'
     `EmbeddingSimilarityEvaluator` (cosine, Spearman/Pearson, its CSV under `<output_dir>/eval`)
     on `MoCoSEModel.embed` (the checkpoint's `sentence_pooling`, fp32, eval mode), returning
-    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` (x100) for `metric_for_best_model`.
+    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` for `metric_for_best_model`, as
+    Spearman x100 (the papers' and `hf-mocose evaluate`'s scale; sentence-transformers' evaluators,
+    and so the `MoCoSELoss` front end, report the same correlation in [-1, 1]), plus what a user's
+    `compute_metrics` returns for `EvalPrediction(cosine similarities, gold scores)`;
+  - `get_test_dataloader` (so `predict`): STS pairs give their cosine similarities (`predictions`), gold
+    scores (`label_ids`) and the metrics above; a `text` column gives the sentence embeddings `(N, D)`.
 
 Sentences are encoded whole by default (the encoder's own limit, as SentEval and the paper do);
 `eval_max_seq_length` chooses another length. Training keeps its own `max_seq_length`.
@@ -25,7 +30,7 @@ import numpy as np
 from datasets import Dataset
 from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 from torch.utils.data import DataLoader
-from transformers.trainer_utils import EvalLoopOutput
+from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
 from .encoding import encode_with_model, resolve_max_length
 from .sts_files import read_sts_benchmark
@@ -93,11 +98,21 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
                          main_similarity="cosine", name=name, write_csv=write_csv)
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.embeddings: list[np.ndarray] = []  # of the last call: sentences1's, then sentences2's
 
     def embed_inputs(self, model, sentences, **kwargs) -> np.ndarray:
         """`(len(sentences), hidden)` float32 embeddings from `MoCoSEModel.embed`."""
-        return encode_with_model(model, self.tokenizer, list(sentences), batch_size=self.batch_size,
-                                 max_length=self.max_length).numpy()
+        embeddings = encode_with_model(model, self.tokenizer, list(sentences), batch_size=self.batch_size,
+                                       max_length=self.max_length).numpy()
+        self.embeddings = [*self.embeddings[-1:], embeddings]
+        return embeddings
+
+    def pair_similarities(self) -> np.ndarray:
+        """`(N,)` cosine similarity of each pair at the last call: what the correlations were computed on."""
+        from sentence_transformers.util import pairwise_cos_sim
+
+        first, second = self.embeddings
+        return pairwise_cos_sim(first, second).detach().cpu().numpy()
 
     def store_metrics_in_model_card_data(self, model, metrics, epoch=0, step=0) -> None:
         # Only a SentenceTransformer carries model-card data; the export's card reads the metrics instead.
@@ -108,7 +123,8 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
 class STSEvaluationMixin:
     """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring).
 
-    Expects `self.args.stsb_dev_file`, `self.args.eval_max_seq_length` and a tokenizer as `processing_class`.
+    Expects `self.args.stsb_dev_file`, `self.args.eval_max_seq_length` and a tokenizer as `processing_class`;
+    uses `self.compute_metrics` when set.
     """
 
     def check_eval_datasets(self) -> None:
@@ -134,16 +150,37 @@ class STSEvaluationMixin:
         dataset = self._sts_dataset(eval_dataset)
         return DataLoader(dataset, batch_size=self.args.eval_batch_size, collate_fn=list)
 
+    def get_test_dataloader(self, test_dataset) -> DataLoader:
+        """For `predict`: STS pairs, or sentences in a `text` column, as they are (`evaluation_loop` reads them)."""
+        columns = getattr(test_dataset, "column_names", None)
+        if columns is None or not ("text" in columns or all(c in columns for c in STS_COLUMNS)):
+            raise ValueError(
+                "predict() takes STS pairs (columns sentence1, sentence2, score: their similarities and scores) or "
+                f"sentences (a text column: their embeddings); got {', '.join(columns or []) or type(test_dataset).__name__}."
+            )
+        if "text" not in columns:
+            check_sts_dataset(test_dataset)
+        return DataLoader(test_dataset, batch_size=self.args.eval_batch_size, collate_fn=list)
+
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        """Scores `dataloader.dataset` with `MoCoSESimilarityEvaluator`; no loss, no predictions."""
+        """Scores STS pairs with `MoCoSESimilarityEvaluator` (sentences: embeds them); no loss.
+
+        STS pairs: `predictions` are the pairs' cosine similarities `(N,)`, `label_ids` the gold scores
+        `(N,)`, `metrics` the Spearman/Pearson x100 and `compute_metrics`' own. A `text` column (from
+        `predict`): `predictions` are the sentence embeddings `(N, D)` float32.
+        """
         dataset = dataloader.dataset
-        check_sts_dataset(dataset)
         model = self.accelerator.unwrap_model(self.model)
+        max_length = eval_max_length(model, self.processing_class, self.args.eval_max_seq_length)
+        if "text" in dataset.column_names and not all(c in dataset.column_names for c in STS_COLUMNS):
+            embeddings = encode_with_model(model, self.processing_class, list(dataset["text"]),
+                                           batch_size=self.args.per_device_eval_batch_size, max_length=max_length)
+            return EvalLoopOutput(predictions=embeddings.numpy(), label_ids=None, metrics={}, num_samples=len(dataset))
+        check_sts_dataset(dataset)
         evaluator = MoCoSESimilarityEvaluator(
             dataset["sentence1"], dataset["sentence2"], dataset["score"], tokenizer=self.processing_class,
-            max_length=eval_max_length(model, self.processing_class, self.args.eval_max_seq_length),
-            batch_size=self.args.per_device_eval_batch_size,
+            max_length=max_length, batch_size=self.args.per_device_eval_batch_size,
         )
         output_path = os.path.join(self.args.output_dir, "eval") if self.is_world_process_zero() else None
         epoch = self.state.epoch if self.state.epoch is not None else -1
@@ -151,7 +188,13 @@ class STSEvaluationMixin:
         name = STS_EVALUATOR_NAME
         metrics = {f"{metric_key_prefix}_{name}_spearman": 100 * float(scores[f"{name}_spearman_cosine"]),
                    f"{metric_key_prefix}_{name}_pearson": 100 * float(scores[f"{name}_pearson_cosine"])}
-        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=len(dataset))
+        similarities, gold = evaluator.pair_similarities(), np.asarray(evaluator.scores)
+        if self.compute_metrics is not None:  # as Trainer.evaluation_loop: the user's metrics, prefixed
+            prediction = EvalPrediction(predictions=similarities, label_ids=gold)
+            extra = denumpify_detensorize(self.compute_metrics(prediction))
+            metrics.update({k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
+                            for k, v in extra.items()})
+        return EvalLoopOutput(predictions=similarities, label_ids=gold, metrics=metrics, num_samples=len(dataset))
 
 
 __all__ = [

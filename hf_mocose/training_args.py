@@ -30,6 +30,12 @@ class MoCoSETrainingArguments(TrainingArguments):
     for the rest. Fields marked *(model)* are copied into the `MoCoSEConfig` of a freshly built model
     (see `model_config_kwargs`); a MoCoSE checkpoint keeps its own.
 
+    > Parameters that control how a model id or folder is loaded
+
+    model_init_kwargs (`dict` or `None`, defaults to `None`): keyword arguments for `from_pretrained` when
+        `MoCoSETrainer` is given a model id or folder (`dtype`, `revision`, `attn_implementation`,
+        `trust_remote_code`...), as TRL's `model_init_kwargs`; `dtype` defaults to float32.
+
     > Parameters that control the method
 
     method (`str`, defaults to `"mocose"`): *(model)* `"mocose"` or `"simcse"` (in-batch negatives, no target).
@@ -106,6 +112,9 @@ class MoCoSETrainingArguments(TrainingArguments):
     skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation.
     """
 
+    # Fields that take a dict, or a JSON string of one on the command line (TrainingArguments parses them).
+    _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs"]
+
     # --- Paper defaults for inherited fields (lr 3e-5, batch 64, weight decay 1e-6, 1 epoch, eval every 100) ---
     learning_rate: float = field(default=3e-5, metadata={"help": "Initial AdamW learning rate (paper: 3e-5)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Batch size per device (paper: 64)."})
@@ -127,6 +136,14 @@ class MoCoSETrainingArguments(TrainingArguments):
     ddp_broadcast_buffers: bool | None = field(
         default=False,
         metadata={"help": "False: do not broadcast the queue and buffers at every forward (they stay equal anyway)."},
+    )
+
+    # --- Model loading (MoCoSETrainer(model="id or folder")) ---
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for from_pretrained when MoCoSETrainer is given a model id or folder "
+                  "(e.g. {\"dtype\": \"bfloat16\", \"revision\": \"main\", \"attn_implementation\": \"sdpa\"}); "
+                  "dtype defaults to float32. A JSON string works on the command line."},
     )
 
     # --- Method ---

@@ -5,7 +5,9 @@ README validation, preupload and commit. It answers "regular" to every preupload
 files travel base64-encoded inside the commit's NDJSON payload (the server decides upload modes;
 the client follows), and it keeps what arrives: the committed files per (repo, revision), and
 every request as received (`raw`, without its Authorization header, which is kept apart in
-`authorizations`) so tests can search everything that was sent.
+`authorizations`) so tests can search everything that was sent. A repo created without a namespace
+goes to the token's user (`FakeHub.user`), as on the Hub. `fake_hub` is the pytest fixture that
+starts one and points huggingface_hub at it (import it into a test module to use it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 TOKEN = "hf_fakeTokenForTests0123456789"
 
@@ -28,7 +32,9 @@ class FakeHub:
         self.requests: list[tuple[str, str]] = []
         self.files: dict[tuple[str, str], dict[str, bytes]] = {}
         self.branches: set[tuple[str, str]] = set()
+        self.user = "fake-user"  # the token's owner: the namespace of a repo created without one
         self.fail_create_repo: int | None = None  # HTTP status to answer create-repo with
+        self.fail_commit: int | None = None  # HTTP status to answer commits with
         self.commits: list[tuple[str, str, str]] = []  # (repo, revision, commit message)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -72,7 +78,8 @@ class FakeHub:
                     if hub.fail_create_repo:
                         return self._reply(hub.fail_create_repo, {"error": "Internal Error - We're working hard to fix this"})
                     data = json.loads(body)
-                    return self._reply(200, {"url": f"{hub.url}/{data['organization']}/{data['name']}"})
+                    namespace = data.get("organization") or hub.user
+                    return self._reply(200, {"url": f"{hub.url}/{namespace}/{data['name']}"})
                 parts = path.split("/")  # ['', 'api', 'models', ns, name, action, revision]
                 if len(parts) != 7 or parts[:3] != ["", "api", "models"]:
                     return self._reply(404, {"error": f"no route {path}"})
@@ -85,6 +92,8 @@ class FakeHub:
                     return self._reply(200, {"files": [
                         {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files
                     ]})
+                if action == "commit" and hub.fail_commit:
+                    return self._reply(hub.fail_commit, {"error": "Internal Error - We're working hard to fix this"})
                 if action == "commit":
                     stored = hub.files.setdefault((repo, revision), {})
                     for line in body.splitlines():
@@ -101,3 +110,21 @@ class FakeHub:
                 return self._reply(404, {"error": f"no route {path}"})
 
         return Handler
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """A running `FakeHub` that huggingface_hub talks to (HF_ENDPOINT, HF_TOKEN, offline mode off)."""
+    import huggingface_hub.constants as constants
+
+    hub = FakeHub()
+    hub.thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    # conftest turns offline mode on before huggingface_hub is imported; its constant is what is read.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+    yield hub
+    hub.server.shutdown()
+    hub.server.server_close()

@@ -14,26 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from fake_hub import TOKEN, FakeHub
+from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
 
 from hf_mocose.hub import HubPushError, list_upload_files, push_export, validate_repo_id
-
-
-@pytest.fixture
-def fake_hub(monkeypatch, tmp_path):
-    import huggingface_hub.constants as constants
-
-    hub = FakeHub()
-    hub.thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    # conftest turns offline mode on before huggingface_hub is imported; its constant is what is read.
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
-    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
-    yield hub
-    hub.server.shutdown()
-    hub.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +133,7 @@ def fake_trainer(output_dir: Path, strategy: str = "end", **args):
 
 
 def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(fake_hub, export_dir):
-    from hf_mocose.hub import publish_final_model
+    from hf_mocose.hub_publishing import publish_final_model
 
     run_dir = export_dir.parent
     trainer = fake_trainer(run_dir, ema_decay_end=0.95, per_device_train_batch_size=8)
@@ -174,7 +157,7 @@ def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(f
 @pytest.mark.parametrize("strategy, folder", [("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-10"),
                                               ("every_save", "mocose"), ("end", None)])
 def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, strategy, folder):
-    from hf_mocose.hub import push_training_checkpoint
+    from hf_mocose.hub_publishing import push_training_checkpoint
 
     checkpoint = tmp_path / "checkpoint-10"
     checkpoint.mkdir()
@@ -199,37 +182,3 @@ def test_unreachable_hub_is_a_clear_error(fake_hub, export_dir, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     with pytest.raises(HubPushError, match="failed: .*Connect"):
         push_export(export_dir, "alice/tiny-mocose")
-
-
-# ----------------------------------------------------------------------------- MoCoSETrainer.push_to_hub
-def test_trainer_push_to_hub_publishes_what_hf_mocose_push_publishes(fake_hub, tiny_encoder, tmp_path, monkeypatch):
-    from conftest import make_trainer
-
-    monkeypatch.delenv("HF_TOKEN")  # the token comes from the training arguments
-    trainer = make_trainer(tiny_encoder, tmp_path / "run", max_steps=1, hub_model_id="alice/run", hub_token=TOKEN)
-    trainer.train()
-    commit = trainer.push_to_hub(commit_message="First model", revision="v1")
-    assert commit.commit_url.startswith(f"{fake_hub.url}/alice/run/commit/")
-    repo = fake_hub.files[("alice/run", "v1")]
-    export = tmp_path / "run" / "sentence-transformers"
-    assert {k: v for k, v in repo.items() if not k.startswith("mocose/")} == snapshot(export)
-    assert json.loads(repo["config.json"])["model_type"] == "bert" and "README.md" in repo
-    mocose_config = json.loads(repo["mocose/config.json"])
-    assert mocose_config["model_type"] == "mocose"
-    assert "mocose/optimizer.pt" not in repo and not any(k.startswith("checkpoint-") for k in repo)
-    assert snapshot(tmp_path / "run" / "final")["config.json"] == repo["mocose/config.json"]
-    assert ("alice/run", "v1", "First model") in fake_hub.commits  # the root commit carries the message
-    assert 'SentenceTransformer("alice/run")' in repo["README.md"].decode() and TOKEN not in repo["README.md"].decode()
-    # blocking=False: the upload runs in the background and push_to_hub returns its Future
-    future = trainer.push_to_hub(blocking=False)
-    assert future.result().commit_url.startswith(f"{fake_hub.url}/alice/run/commit/")
-    assert ("alice/run", "main", "End of training") in fake_hub.commits
-
-
-def test_trainer_push_to_hub_without_repo_id_says_what_to_set(fake_hub, tiny_encoder, tmp_path):
-    from conftest import make_trainer
-
-    trainer = make_trainer(tiny_encoder, tmp_path / "run")
-    with pytest.raises(ValueError, match="set hub_model_id to 'namespace/name'"):
-        trainer.push_to_hub()
-    assert fake_hub.requests == [] and not (tmp_path / "run" / "final").exists()

