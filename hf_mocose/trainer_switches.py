@@ -56,8 +56,8 @@ def refuse_fp16_on_cpu(args) -> None:
     """accelerate ignores fp16 on the CPU (no autocast, no grad scaler): say so rather than train fp32 unasked."""
     if args.fp16 and args.device.type == "cpu":
         raise ValueError(
-            f"fp16=True does nothing when training on the CPU ({args.device}): accelerate runs fp32 there, without "
-            "autocast or loss scaling. Use bf16=True for mixed precision on the CPU, or train on a GPU."
+            "fp16=True does nothing when training on the CPU: accelerate runs fp32 there, without autocast or loss "
+            "scaling. Use bf16=True for mixed precision on the CPU, or train on a GPU."
         )
 
 
