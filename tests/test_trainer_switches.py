@@ -229,12 +229,16 @@ def test_torch_compile_trains_with_every_fgsm_mode(fgsm_mode, tiny_encoder, tmp_
     gradient, without inductor's code generation (minutes on 2 CPU cores).
     """
     from accelerate.utils import is_compiled_module
+    from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # fresh caches: no earlier test's graphs, no recompilation limit reached
+    graphs = counters["stats"]["unique_graphs"]
     settings = dict(max_steps=2, fgsm_mode=fgsm_mode)
     compiled = build(tiny_encoder, tmp_path / "compiled", torch_compile=True, torch_compile_backend="aot_eager",
                      **settings)
     compiled.train()
     assert is_compiled_module(compiled.model_wrapped)
+    assert counters["stats"]["unique_graphs"] > graphs  # dynamo really captured the forward
     eager = build(tiny_encoder, tmp_path / "eager", **settings)
     eager.train()
     assert losses(compiled) == pytest.approx(losses(eager), abs=1e-5)
