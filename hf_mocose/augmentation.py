@@ -92,11 +92,17 @@ class FGSMPerturbation:
             return None
         return self.last_step_size * self.last_gradient_sign
 
-    def track(self, word_embeddings: torch.Tensor) -> None:
-        """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` (mode "previous"),
-        and the step size those embeddings call for."""
-        if self.mode == "previous" and word_embeddings.requires_grad:
-            word_embeddings.register_hook(self._store)
+    def track(self, word_embeddings: torch.Tensor, gradient_at: torch.Tensor | None = None) -> None:
+        """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` `(B, L, H)` (mode
+        "previous"), and the step size those embeddings call for.
+
+        `gradient_at` `(B, L, H)`: where to read that gradient instead, a tensor whose gradient equals theirs:
+        the clean word embeddings the model took as input, before it added the perturbation. Under
+        `torch_compile` only a compiled module's inputs get gradients, not the tensors it returns.
+        """
+        source = word_embeddings if gradient_at is None else gradient_at
+        if self.mode == "previous" and source.requires_grad:
+            source.register_hook(self._store)
             self.last_step_size = self.step_size(word_embeddings)
 
     def _store(self, gradient: torch.Tensor) -> None:

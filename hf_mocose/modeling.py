@@ -241,6 +241,24 @@ class MoCoSEModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         init_head_weights(module, getattr(self.config.encoder_config, "initializer_range", 0.02))
 
+    # ----------------------------------------------------------------- word embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        """The online encoder's word embeddings `(V, H)`: the only table both branches read (see the module docstring)."""
+        return self.online_encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replaces the online encoder's word embeddings; the target branch reads them through `inputs_embeds`."""
+        self.online_encoder.set_input_embeddings(value)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """Resizes the shared word embeddings (the online encoder's) to `new_num_tokens` rows, as
+        `PreTrainedModel.resize_token_embeddings` does, and records the size in `config.encoder_config`
+        so that the saved model reloads. The target encoder's 1-row placeholder table is left alone."""
+        embeddings = self.online_encoder.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.config.encoder_config.vocab_size = self.online_encoder.config.vocab_size
+        return embeddings
+
     def head_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
         heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.uses_target else [])
@@ -330,6 +348,7 @@ class MoCoSEModel(PreTrainedModel):
         positive_attention_mask: torch.Tensor | None = None,
         positive_token_type_ids: torch.Tensor | None = None,
         negatives_as_anchors: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> MoCoSEOutput:
         """Runs both views of a batch (and its hard negatives, if any).
 
@@ -351,6 +370,10 @@ class MoCoSEModel(PreTrainedModel):
                 each sentence (e.g. a paraphrase); the key is then computed from it instead of the sentence itself.
             negatives_as_anchors: also pass the hard negatives through the query branch (`negative_queries`):
                 UNA as in its paper, where each augmented sentence is an anchor with its own positive too.
+            inputs_embeds: `(B, L, H)` the online word embeddings of `input_ids`, looked up by the caller (with
+                `get_input_embeddings()`) instead of here. `MoCoSETrainer` passes them when FGSM needs their
+                gradient: a compiled module (`torch_compile`) gives gradients to its inputs, not to tensors it
+                makes inside.
 
         Returns:
             `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)`,
@@ -359,7 +382,7 @@ class MoCoSEModel(PreTrainedModel):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         embed_tokens = self.online_encoder.get_input_embeddings()
-        clean = embed_tokens(input_ids)
+        clean = embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
 
         def online(embeddings, mask, types, augmentation=online_augmentation):

@@ -71,20 +71,37 @@ def base_model_of(config) -> str | None:
     return getattr(config, "base_model_name_or_path", None) or getattr(config.encoder_config, "_name_or_path", None) or None
 
 
+def encoder_length_limit(config, tokenizer) -> int:
+    """The longest input, in tokens, the encoder of a model with MoCoSE `config` supports: the tokenizer's
+    `model_max_length` capped by the position embeddings (`resolve_max_length`)."""
+    return resolve_max_length(tokenizer, config.encoder_config)
+
+
+def check_length_fits_encoder(name: str, length: int, config, tokenizer, purpose: str) -> int:
+    """`length` as an int; a `ValueError` naming `name`, `length` and the limit when it is below 2 or above
+    `encoder_length_limit` (inputs that long would index past the position embeddings).
+
+    `purpose` says what the length is for in the message ("for the export", "for training", ...).
+    """
+    limit = encoder_length_limit(config, tokenizer)
+    if not 2 <= length <= limit:
+        raise ValueError(
+            f"{name} {length!r} {purpose} is out of range: it must be between 2 and {limit}, the longest input "
+            f"the encoder ({config.encoder_config.model_type}) supports."
+        )
+    return int(length)
+
+
 def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = None) -> tuple[int, str]:
     """`(length, where it came from)` for the export of a model with MoCoSE `config` and `tokenizer`.
 
     Raises a `ValueError` naming `max_seq_length` when it is below 2 or above the encoder's position
-    limit (inputs that long would index past the position embeddings).
+    limit (`check_length_fits_encoder`).
     """
-    limit = resolve_max_length(tokenizer, config.encoder_config)
     if max_seq_length is not None:
-        if not 2 <= max_seq_length <= limit:
-            raise ValueError(
-                f"max_seq_length {max_seq_length!r} for the export is out of range: it must be between 2 and "
-                f"{limit}, the longest input the encoder ({config.encoder_config.model_type}) supports."
-            )
-        return int(max_seq_length), "given explicitly"
+        length = check_length_fits_encoder("max_seq_length", max_seq_length, config, tokenizer, "for the export")
+        return length, "given explicitly"
+    limit = encoder_length_limit(config, tokenizer)
     recorded = getattr(config, "base_max_seq_length", None)
     if recorded:
         return min(int(recorded), limit), "the base model's sentence-transformers max_seq_length"
@@ -95,4 +112,5 @@ def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = Non
     return limit, "the encoder's position limit"
 
 
-__all__ = ["base_model_of", "inference_max_seq_length", "sentence_transformers_max_seq_length"]
+__all__ = ["base_model_of", "check_length_fits_encoder", "encoder_length_limit", "inference_max_seq_length",
+           "sentence_transformers_max_seq_length"]

@@ -45,6 +45,7 @@ from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .trainer_inputs import prepare_trainer_inputs
+from .trainer_switches import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
@@ -118,6 +119,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         self._check_queue_settings(config)
         self._check_sharding(config)
         self.check_eval_datasets()
+        check_trainer_switches(self)  # switches that cannot work (NEFTune, fp16 on CPU, ...): refused before training
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
@@ -200,8 +202,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     @property
     def keys_per_enqueue(self) -> int:
-        """Keys enqueued per micro-batch: the batch of every process."""
-        return self.args.per_device_train_batch_size * self.args.world_size
+        """Keys enqueued per micro-batch: the batch of every process (the one `auto_find_batch_size` settled on)."""
+        return self._train_batch_size * self.args.world_size
 
     def current_decay(self) -> float:
         args = self.args
@@ -283,21 +285,25 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
         if model.training and self._use_hard_negatives():
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
-        perturbation = None
+        perturbation = embeddings = None
+        if self.fgsm.mode != "off":
+            # FGSM needs the loss's gradient w.r.t. the online word embeddings: look them up here and pass
+            # them in, because a compiled model (torch_compile) gives gradients to its inputs only.
+            embeddings = unwrapped.get_input_embeddings()(inputs["input_ids"])
         if self.fgsm.mode == "exact":
             # Extra pass on the unwrapped module: autograd.grad reaches only the embeddings, so DDP's
             # gradient hooks never fire for it.
-            clean = unwrapped(**inputs, **self.embedding_augmentation.forward_kwargs())
+            clean = unwrapped(**inputs, inputs_embeds=embeddings, **self.embedding_augmentation.forward_kwargs())
             clean_loss, _ = self._contrastive_loss(unwrapped, clean)
-            (gradient,) = torch.autograd.grad(clean_loss.loss, clean.word_embeddings)
-            perturbation = self.fgsm.step(gradient, clean.word_embeddings)
+            (gradient,) = torch.autograd.grad(clean_loss.loss, embeddings)
+            perturbation = self.fgsm.step(gradient, embeddings)
         elif self.fgsm.mode == "previous":
             ids = inputs["input_ids"]
             perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))
-        outputs = model(**inputs, embedding_perturbation=perturbation, perturb_target=self.fgsm.perturb_target,
-                        **self.embedding_augmentation.forward_kwargs())
+        outputs = model(**inputs, inputs_embeds=embeddings, embedding_perturbation=perturbation,
+                        perturb_target=self.fgsm.perturb_target, **self.embedding_augmentation.forward_kwargs())
         if model.training:
-            self.fgsm.track(outputs.word_embeddings)
+            self.fgsm.track(outputs.word_embeddings, gradient_at=embeddings)
         result, keys = self._contrastive_loss(unwrapped, outputs)
         if model.training:
             config = unwrapped.config
@@ -376,4 +382,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
         if self.fgsm.mode == "previous" and path.is_file():
-            self.fgsm.load_state_dict(torch.load(path, map_location=self.args.device))
+            # Read onto the CPU, then moved: torch.load cannot map to "cpu:0", the device of DDP on CPU.
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            self.fgsm.load_state_dict({name: value.to(self.args.device) if isinstance(value, torch.Tensor) else value
+                                       for name, value in state.items()})

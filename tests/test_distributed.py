@@ -81,6 +81,26 @@ def test_resume_in_two_processes(runs, tiny_encoder, tmp_path):
     assert resumed[0]["losses"][-2:] == pytest.approx(runs["two"][0]["losses"][-2:], abs=1e-6)
 
 
+@pytest.mark.parametrize("fgsm_mode", ["previous", "exact"])
+def test_resume_in_two_processes_with_fgsm(fgsm_mode, tiny_encoder, tmp_path):
+    """FGSM on (epsilon large enough to change the losses): each rank's "previous" gradient travels in the
+    checkpoint and is loaded back on every rank's device ("cpu:0" under DDP on CPU)."""
+    options = json.dumps({"fgsm_mode": fgsm_mode, "fgsm_epsilon": 0.05})
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full.mkdir()
+    resumed.mkdir()
+    full_runs = _run([tiny_encoder, str(full), "4", "4", "-", "mocose", options], 2, full)
+    checkpoint = full / "checkpoint-2"
+    has_state = [(checkpoint / f"fgsm_state_rank{rank}.pt").is_file() for rank in (0, 1)]
+    assert has_state == [fgsm_mode == "previous"] * 2
+    resumed_runs = _run([tiny_encoder, str(resumed), "4", "4", str(checkpoint), "mocose", options], 2, resumed)
+    for runs in (full_runs, resumed_runs):  # DDP kept the ranks equal (the embeddings are looked up outside forward)
+        for name, tensor in runs[0]["state"].items():
+            assert torch.equal(tensor, runs[1]["state"][name]), name
+    _assert_states_close(resumed_runs[0]["state"], full_runs[0]["state"], atol=1e-6)
+    assert resumed_runs[0]["losses"][-2:] == pytest.approx(full_runs[0]["losses"][-2:], abs=1e-6)
+
+
 def _two_vs_one(tiny_encoder, tmp_path, steps, method, options=None):
     """Trains 2 processes x 4 sentences and 1 process x 8 with the same settings: they must agree."""
     extra = [json.dumps(options)] if options else []

@@ -188,3 +188,34 @@ def test_heads_read_the_pooled_state_that_embed_returns(tiny_encoder, pooling):
         expected = model.online_pooler(model.embed(ids, mask))
     torch.testing.assert_close(out.query, expected)
     torch.testing.assert_close(out.key, expected)
+
+
+def test_input_embeddings_are_the_online_encoders_shared_table(model):
+    ids, mask = _batch()
+    table = model.get_input_embeddings()
+    assert table is model.online_encoder.get_input_embeddings()
+    assert model.target_encoder.get_input_embeddings().weight.shape == (1, 32)  # the target's placeholder
+    # inputs_embeds (what MoCoSETrainer passes for FGSM) gives the same forward as the lookup inside
+    looked_up = model.eval()(ids, mask)
+    given = model(ids, mask, inputs_embeds=table(ids))
+    assert torch.equal(looked_up.query, given.query) and torch.equal(looked_up.key, given.key)
+    replacement = torch.nn.Embedding(table.num_embeddings, 32)
+    model.set_input_embeddings(replacement)
+    assert model.online_encoder.get_input_embeddings() is replacement
+
+
+def test_resize_token_embeddings_keeps_the_target_placeholder_and_reloads(model, tmp_path):
+    vocab = model.config.encoder_config.vocab_size
+    resized = model.resize_token_embeddings(vocab + 5)
+    assert resized.weight.shape == (vocab + 5, 32) and model.get_input_embeddings() is resized
+    assert model.config.encoder_config.vocab_size == vocab + 5
+    assert model.target_encoder.get_input_embeddings().weight.shape == (1, 32)  # untouched: it is never read
+    online_p, target_p, _, _ = model.ema_parameter_pairs()
+    assert not any(p is resized.weight for p in online_p)  # the shared table stays out of the EMA
+    ids, mask = _batch()
+    ids[:, -1] = vocab + 4  # a new token
+    out = model.eval()(ids, mask)
+    model.save_pretrained(tmp_path)
+    reloaded = MoCoSEModel.from_pretrained(tmp_path).eval()
+    assert torch.equal(reloaded.get_input_embeddings().weight, resized.weight)
+    assert torch.equal(reloaded(ids, mask).query, out.query)

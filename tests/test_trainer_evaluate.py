@@ -95,6 +95,9 @@ def test_evaluation_encodes_whole_sentences_by_default(tiny_encoder, tmp_path):
 def test_eval_max_seq_length_is_checked(tiny_encoder, tmp_path):
     with pytest.raises(ValueError, match="eval_max_seq_length must be >= 2"):
         make_trainer(tiny_encoder, tmp_path, eval_max_seq_length=1)
-    trainer = make_trainer(tiny_encoder, tmp_path, stsb_dev_file=write_stsb(tmp_path / "d.csv"), eval_max_seq_length=999)
+    # Beyond the encoder's limit: refused by the trainer's construction (tests/test_trainer_switches.py), and by
+    # evaluate() for arguments changed afterwards.
+    trainer = make_trainer(tiny_encoder, tmp_path, stsb_dev_file=write_stsb(tmp_path / "d.csv"))
+    trainer.args.eval_max_seq_length = 999
     with pytest.raises(ValueError, match="encoder's limit 128, got 999"):
         trainer.evaluate()
