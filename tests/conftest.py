@@ -151,8 +151,9 @@ def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", d
 
 
 def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
-                    callbacks=None, init_seed=0, **overrides):
-    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder.
+                    callbacks=None, init_seed=0, with_loss_callback=True, **overrides):
+    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder, given
+    `callbacks=[loss.callback]` as users do (`with_loss_callback=False`: forgotten).
 
     `init_seed` seeds the random heads and queue (the Trainer then seeds the run with `seed`)."""
     from datasets import Dataset
@@ -172,4 +173,5 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
         save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
     )
     args = SentenceTransformerTrainingArguments(**{**defaults, **overrides})
+    callbacks = [*([loss.callback] if with_loss_callback else []), *(callbacks or [])]
     return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks)
