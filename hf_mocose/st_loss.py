@@ -183,8 +183,9 @@ class MoCoSELoss(nn.Module):
             raise TypeError(f"MoCoSELoss trains a sentence_transformers.SentenceTransformer, got {type(model).__name__}.")
         if len(model) == 0 or getattr(model[0], "tokenizer", None) is None:
             first = type(model[0]).__name__ if len(model) else "none"
-            raise ValueError(f"MoCoSELoss reads text, but this SentenceTransformer has no tokenizer (first module: {first}). "
-                             "Build it around a transformers encoder: SentenceTransformer(modules=[Transformer(...), Pooling(...)]).")
+            raise ValueError(f"MoCoSELoss reads text, but this SentenceTransformer has no tokenizer (first module: "
+                             f"{first}). Build it around a transformers encoder: "
+                             "SentenceTransformer(modules=[Transformer(...), Pooling(...)]).")
         s = self.settings
         self.fgsm = FGSMPerturbation(s["fgsm_mode"], s["fgsm_epsilon"], s["fgsm_views"], s["fgsm_epsilon_unit"])
         if self.fgsm.mode != "off":

@@ -129,8 +129,9 @@ class MoCoSELossCallback(EMATargetCallback):
                              "SentenceTransformerTrainer(...), or set head_learning_rate=None.")
         if (state.is_hyper_param_search and run_folder(args, state) is None and args.push_to_hub
                 and args.hub_strategy in CHECKPOINT_PUSHES):
+            strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
             raise ValueError("Under hyperparameter_search MoCoSELoss finds the trial's folder from its name before a "
-                             f"checkpoint is pushed (hub_strategy={getattr(args.hub_strategy, 'value', args.hub_strategy)!r}): pass hp_name, e.g. "
+                             f"checkpoint is pushed (hub_strategy={strategy!r}): pass hp_name, e.g. "
                              "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
         loss.move_to_model_device()
         for part in _parts(dataset):

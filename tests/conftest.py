@@ -151,7 +151,7 @@ def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", d
 
 
 def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
-                    callbacks=None, init_seed=0, with_loss_callback=True, **overrides):
+                    callbacks=None, init_seed=0, with_loss_callback=True, eval_dataset=None, **overrides):
     """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder, given
     `callbacks=[loss.callback]` as users do (`with_loss_callback=False`: forgotten).
 
@@ -174,4 +174,5 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
     )
     args = SentenceTransformerTrainingArguments(**{**defaults, **overrides})
     callbacks = [*([loss.callback] if with_loss_callback else []), *(callbacks or [])]
-    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks)
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset, loss=loss,
+                                      callbacks=callbacks)
