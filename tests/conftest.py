@@ -176,3 +176,21 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
     callbacks = [*([loss.callback] if with_loss_callback else []), *(callbacks or [])]
     return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset, loss=loss,
                                       callbacks=callbacks)
+
+
+def gradient_recorder(model, heads):
+    """A `TrainerCallback` that keeps, before every optimizer step, the gradients of `model` ("model.<name>")
+    and of a `MoCoSELoss`'s heads ("head.<name>"), as the optimizer is about to apply them (after the loss's
+    callback, given earlier, has clipped them); in `.steps`."""
+    from transformers import TrainerCallback
+
+    class GradientRecorder(TrainerCallback):
+        def __init__(self):
+            self.steps = []
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            grads = {f"model.{k}": p.grad for k, p in model.named_parameters() if p.grad is not None}
+            grads.update({f"head.{k}": p.grad for k, p in heads.named_parameters()})
+            self.steps.append({k: g.detach().clone() for k, g in grads.items()})
+
+    return GradientRecorder()

@@ -10,22 +10,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import make_st_trainer  # noqa: E402
-
-
-class Gradients(TrainerCallback):
-    """Keeps the model's and heads' gradients as the optimizer is about to apply them (after loss.callback's clip)."""
-
-    def __init__(self, model, heads):
-        self.model, self.heads, self.steps = model, heads, []
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        grads = {f"model.{k}": p.grad for k, p in self.model.named_parameters() if p.grad is not None}
-        grads.update({f"head.{k}": p.grad for k, p in self.heads.named_parameters()})
-        self.steps.append({k: g.detach().clone() for k, g in grads.items()})
+from conftest import gradient_recorder, make_st_trainer  # noqa: E402
 
 
 def count_all_reduces():
@@ -56,7 +43,7 @@ def main():
         init_seed=int(os.environ.get("RANK", "0")),
     )
     loss = trainer.loss
-    gradients = Gradients(trainer.model, loss.online_head)
+    gradients = gradient_recorder(trainer.model, loss.online_head)
     trainer.add_callback(gradients)
     if resume is not None:  # a checkpoint of another output_dir: hand the loss its state
         loss.load_state(resume)

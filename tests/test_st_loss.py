@@ -14,9 +14,8 @@ import pytest
 import torch
 from datasets import Dataset
 from torch.nn import functional as F
-from transformers import TrainerCallback
 
-from conftest import REPO_ROOT, make_st_trainer, tiny_sentence_transformer
+from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
 from hf_mocose.callbacks import ema_decay_at
 from hf_mocose.data import python_docs_sentences
 
@@ -27,18 +26,6 @@ _SENTENCES = python_docs_sentences()[:16]
 
 def _losses(trainer):
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
-
-class Gradients(TrainerCallback):
-    """Keeps, before every optimizer step (after loss.callback's clip), the model's and heads' gradients."""
-
-    def __init__(self, model, heads):
-        self.model, self.heads, self.steps = model, heads, []
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        grads = {f"model.{k}": p.grad for k, p in self.model.named_parameters() if p.grad is not None}
-        grads.update({f"head.{k}": p.grad for k, p in self.heads.named_parameters()})
-        self.steps.append({k: g.detach().clone() for k, g in grads.items()})
 
 
 def _norm(grads, prefix=""):
@@ -197,7 +184,7 @@ def test_the_heads_train_at_head_learning_rate(tiny_encoder, tmp_path, mapping, 
                               lr_scheduler_type="constant", learning_rate_mapping=mapping or {},
                               loss_kwargs=dict(head_learning_rate=head_rate))
     loss = trainer.loss
-    gradients = Gradients(trainer.model, loss.online_head)
+    gradients = gradient_recorder(trainer.model, loss.online_head)
     trainer.add_callback(gradients)
     heads_before = {k: p.detach().clone() for k, p in loss.online_head.named_parameters()}
     model_before = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
@@ -215,7 +202,7 @@ def test_heads_are_clipped_jointly_with_the_model(tiny_encoder, tmp_path):
     def first_step(max_grad_norm):
         trainer = make_st_trainer(tiny_encoder, tmp_path / str(max_grad_norm), max_steps=1, max_grad_norm=max_grad_norm,
                                   **QUIET)
-        gradients = Gradients(trainer.model, trainer.loss.online_head)
+        gradients = gradient_recorder(trainer.model, trainer.loss.online_head)
         trainer.add_callback(gradients)
         trainer.train()
         return trainer, gradients.steps[0]
