@@ -2,20 +2,22 @@ r"""Train any SentenceTransformer with MoCoSE through sentence-transformers' own
 
     python examples/train_st_mocose.py                       # offline: all-MiniLM-L6-v2, ../shared corpus
     python examples/train_st_mocose.py --model_name_or_path sentence-transformers/all-mpnet-base-v2 \
-        --train_file my_sentences.txt --max_steps 1000 --queue_size 4096 \
-        --head_init identity --learning_rate_mapping '{"online_head\\.": 1e-3}'
+        --train_file my_sentences.txt --max_steps 1000 --queue_size 4096 --head_learning_rate 1e-3
 
-Arguments are `ExampleArguments` below plus every `SentenceTransformerTrainingArguments` field
-(`--per_device_train_batch_size`, `--learning_rate`, `--learning_rate_mapping` for a head learning
-rate, ...). The model is scored on STS-B dev (sentence-transformers' `EmbeddingSimilarityEvaluator`,
-Spearman x 100, at the model's own maximum length) before and after training when the SentEval file
-is there, and saved to `<output_dir>/final`.
+Arguments are `ExampleArguments` below, every `MoCoSELoss` setting under its `MoCoSETrainingArguments`
+name, default and help (`--queue_size`, `--ema_decay_start`, `--contrastive_temperature`, `--fgsm_mode`,
+`--head_learning_rate`, ...), and every `SentenceTransformerTrainingArguments` field
+(`--per_device_train_batch_size`, `--learning_rate`, ...). The model is scored on STS-B dev
+(sentence-transformers' `EmbeddingSimilarityEvaluator`, Spearman x 100, at the model's own maximum
+length) before and after training when the SentEval file is there, and saved to `<output_dir>/final`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +26,8 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 from transformers import HfArgumentParser
 
-from hf_mocose import MoCoSELoss
+from hf_mocose import MoCoSELoss, MoCoSETrainingArguments
+from hf_mocose.configuration import METHOD_DEFAULTS
 from hf_mocose.data import load_sentences
 from hf_mocose.evaluation.sts import read_sts_benchmark
 
@@ -33,7 +36,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @dataclass
 class ExampleArguments:
-    """The model, the data and the MoCoSELoss settings (the loss takes the same names)."""
+    """The model and the data."""
 
     model_name_or_path: str = field(
         default="builtin:all-MiniLM-L6-v2",
@@ -48,12 +51,16 @@ class ExampleArguments:
         default=str(SHARED / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv"),
         metadata={"help": "SentEval's sts-dev.csv, scored before and after training (skipped when absent)."})
     max_seq_length: int = field(default=32, metadata={"help": "Tokens per training sentence (evaluation uses the model's own limit)."})
-    queue_size: int = field(default=512, metadata={"help": "K, negatives kept in the queue."})
-    ema_decay: float = field(default=0.75, metadata={"help": "EMA decay at the first optimizer step."})
-    ema_decay_end: float = field(default=0.95, metadata={"help": "EMA decay at the last optimizer step."})
-    temperature: float = field(default=0.05, metadata={"help": "InfoNCE temperature."})
-    head_init: str = field(default="identity", metadata={"help": "Head Linears: identity (the default) or random (the paper's)."})
-    fgsm_mode: str = field(default="off", metadata={"help": "FGSM on the word embeddings: off, exact or previous."})
+
+
+def _loss_arguments() -> type:
+    """A dataclass of every MoCoSELoss setting, with MoCoSETrainingArguments' type, default and help."""
+    types = typing.get_type_hints(MoCoSETrainingArguments)
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(MoCoSETrainingArguments)}
+    return dataclasses.make_dataclass("MoCoSELossArguments", [
+        (name, types[name], field(default=default, metadata={"help": helps[name]}))
+        for name, default in METHOD_DEFAULTS.items()
+    ])
 
 
 def load_model(name: str) -> SentenceTransformer:
@@ -65,11 +72,11 @@ def load_model(name: str) -> SentenceTransformer:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = HfArgumentParser((ExampleArguments, SentenceTransformerTrainingArguments))
+    parser = HfArgumentParser((ExampleArguments, _loss_arguments(), SentenceTransformerTrainingArguments))
     parser.set_defaults(output_dir="outputs/st_mocose", per_device_train_batch_size=64, learning_rate=3e-5,
                         num_train_epochs=1, dataloader_drop_last=True, logging_steps=10, save_strategy="no",
                         report_to="none", seed=0)
-    example, args = parser.parse_args_into_dataclasses(args=argv)
+    example, loss_settings, args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     model = load_model(example.model_name_or_path)
@@ -90,11 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         train_file = str(corpus) if corpus.is_file() else "builtin:python_docs"
     sentences = load_sentences(train_file, max_train_samples=example.max_train_samples)
     train_dataset = Dataset.from_dict({"text": sentences["text"]})
-    loss = MoCoSELoss(model, queue_size=example.queue_size, ema_decay=example.ema_decay,
-                      ema_decay_end=example.ema_decay_end, temperature=example.temperature,
-                      head_init=example.head_init, fgsm_mode=example.fgsm_mode)
+    loss = MoCoSELoss(model, **dataclasses.asdict(loss_settings))
     full_length, model.max_seq_length = model.max_seq_length, example.max_seq_length
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss,
+                                         callbacks=[loss.callback])
     trainer.train()
     model.max_seq_length = full_length
 

@@ -11,9 +11,9 @@ Units of epsilon:
     means the same for every encoder and precision.
 
 Modes:
-  - "previous" (default; the reference code's): reuse the gradient that the *previous* backward
-    left on the word embeddings, so the perturbation costs nothing. It needs equal tensor shapes
-    from step to step (pad to a fixed `max_seq_length`); when shapes differ it skips, saying so once.
+  - "previous" (default; the reference code's): reuse the sign of the gradient that the *previous*
+    backward left on the word embeddings, so the perturbation costs nothing. A sign of another shape
+    (dynamic padding, a short last batch) is cropped or zero-filled to the current batch's shape.
   - "exact": one extra forward/backward on the current batch to get its own gradient.
   - "off": no perturbation.
 """
@@ -55,7 +55,6 @@ class FGSMPerturbation:
         self.mode, self.epsilon, self.views, self.epsilon_unit = mode, epsilon, views, epsilon_unit
         self.last_gradient_sign: torch.Tensor | None = None
         self.last_step_size: torch.Tensor | float = epsilon
-        self._warned_shape = False
 
     @property
     def perturb_target(self) -> bool:
@@ -76,21 +75,22 @@ class FGSMPerturbation:
         return size * torch.sign(gradient)
 
     def previous_perturbation(self, word_embeddings_shape: torch.Size) -> torch.Tensor | None:
-        """The "previous" perturbation for embeddings of this shape, or None (first step, other shape)."""
+        """The "previous" perturbation `(B, L, H)` for embeddings of this shape, or None (first step).
+
+        A previous gradient sign of another shape (a shorter last batch, or batches padded to their
+        longest sentence, as sentence-transformers pads) is fitted to `(B, L, H)`: cropped where it is
+        larger, zero where it has no value. It belongs to other sentences anyway (the reference code
+        reuses the previous batch's sign), so only the shape must fit; with fixed padding nothing changes.
+        """
         if self.mode != "previous" or self.last_gradient_sign is None:
             return None
-        if self.last_gradient_sign.shape != word_embeddings_shape:
-            if not self._warned_shape:
-                logger.warning(
-                    "fgsm_mode='previous' skipped a batch: its word embeddings have shape %s but the previous "
-                    "gradient has shape %s (a shorter batch, e.g. the last of an epoch, or unpadded lengths). "
-                    "Set dataloader_drop_last and pad_to_max_length to perturb every step; this is said once.",
-                    tuple(word_embeddings_shape),
-                    tuple(self.last_gradient_sign.shape),
-                )
-                self._warned_shape = True
-            return None
-        return self.last_step_size * self.last_gradient_sign
+        sign = self.last_gradient_sign
+        if sign.shape != word_embeddings_shape:
+            fitted = sign.new_zeros(word_embeddings_shape)
+            rows, length = min(sign.shape[0], fitted.shape[0]), min(sign.shape[1], fitted.shape[1])
+            fitted[:rows, :length] = sign[:rows, :length]
+            sign = fitted
+        return self.last_step_size * sign
 
     def track(self, word_embeddings: torch.Tensor, gradient_at: torch.Tensor | None = None) -> None:
         """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` `(B, L, H)` (mode

@@ -113,10 +113,14 @@ class EMATargetCallback(TrainerCallback):
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
         validate_ema_decay(decay_start, decay_end, horizon)
         self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon
+        self.bind(model)
+        self.last_decay: float | None = None
+
+    def bind(self, model) -> None:
+        """(Re)reads the pairs `model.ema_parameter_pairs()` names, e.g. after its online model was replaced."""
         online_p, target_p, online_b, target_b = model.ema_parameter_pairs()
         self._online_params, self._target_params = online_p, target_p
         self._online_buffers, self._target_buffers = online_b, target_b
-        self.last_decay: float | None = None
 
     def decay_at(self, step: int, total_steps: int) -> float:
         return ema_decay_at(step, total_steps, self.decay_start, self.decay_end, self.horizon)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -22,6 +23,30 @@ METHODS = ("mocose", "simcse", "ifcl")
 # its whole embedding module (word, position and token-type embeddings and their LayerNorm: the paper's
 # Figure 2 and the reference code, whose target reads the online embedding layer's output).
 SHARED_EMBEDDINGS = ("word", "module")
+
+# One vocabulary: the method settings that both front ends take, `MoCoSETrainingArguments` (fields) and
+# `MoCoSELoss` (keyword arguments), under one name with one default; `MoCoSEConfig` takes the model's own
+# among them with the same defaults. Defined here once; tests/test_st_loss.py fails on any drift.
+METHOD_DEFAULTS: MappingProxyType = MappingProxyType({
+    "contrastive_temperature": 0.05,
+    "in_batch_negatives": True,
+    "projection_layers": 1,
+    "predictor_layers": 2,
+    "predictor_dim": None,
+    "head_dropout": 0.1,
+    "head_init": "identity",
+    "head_learning_rate": 1e-3,
+    "target_dropout": True,
+    "queue_size": 512,
+    "queue_init_size": 128,
+    "ema_decay_start": 0.75,
+    "ema_decay_end": 0.95,
+    "ema_decay_horizon": None,
+    "fgsm_mode": "previous",
+    "fgsm_epsilon": 5e-9,
+    "fgsm_epsilon_unit": "absolute",
+    "fgsm_views": "both",
+})
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (
@@ -55,10 +80,11 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
     check_sentence_pooling(values.get("sentence_pooling", "cls"))
-    temperature = values.get("contrastive_temperature", 0.05)
+    temperature = values.get("contrastive_temperature", METHOD_DEFAULTS["contrastive_temperature"])
     if not temperature > 0:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
-    queue_size, init_size = values.get("queue_size", 512), values.get("queue_init_size", 128)
+    queue_size = values.get("queue_size", METHOD_DEFAULTS["queue_size"])
+    init_size = values.get("queue_init_size", METHOD_DEFAULTS["queue_init_size"])
     if method in ("mocose", "ifcl"):
         if queue_size < 1:
             raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
@@ -86,10 +112,10 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     if shared != "word" and method != "mocose":
         raise ValueError(f"shared_embeddings={shared!r} concerns the EMA target branch, which only method='mocose' "
                          f"has (got method={method!r}).")
-    head_init = values.get("head_init", "identity")
+    head_init = values.get("head_init", METHOD_DEFAULTS["head_init"])
     if head_init not in HEAD_INITS:
         raise ValueError(f"Unknown head_init {head_init!r}; choose one of {', '.join(HEAD_INITS)}.")
-    if not 0 <= values.get("head_dropout", 0.1) < 1:
+    if not 0 <= values.get("head_dropout", METHOD_DEFAULTS["head_dropout"]) < 1:
         raise ValueError(f"head_dropout must be in [0, 1), got {values['head_dropout']!r}.")
     encoder_dropout = values.get("encoder_dropout")
     if encoder_dropout is not None and not 0 <= encoder_dropout < 1:
@@ -190,17 +216,17 @@ class MoCoSEConfig(PretrainedConfig):
         encoder_config: dict | PretrainedConfig | None = None,
         method: str = "mocose",
         sentence_pooling: str = "cls",
-        projection_layers: int = 1,
-        predictor_layers: int = 2,
-        predictor_dim: int | None = None,
+        projection_layers: int = METHOD_DEFAULTS["projection_layers"],
+        predictor_layers: int = METHOD_DEFAULTS["predictor_layers"],
+        predictor_dim: int | None = METHOD_DEFAULTS["predictor_dim"],
         projection_dim: int | None = None,
-        head_dropout: float = 0.1,
-        head_init: str = "identity",
-        contrastive_temperature: float = 0.05,
-        queue_size: int = 512,
-        queue_init_size: int = 128,
-        in_batch_negatives: bool = True,
-        target_dropout: bool = True,
+        head_dropout: float = METHOD_DEFAULTS["head_dropout"],
+        head_init: str = METHOD_DEFAULTS["head_init"],
+        contrastive_temperature: float = METHOD_DEFAULTS["contrastive_temperature"],
+        queue_size: int = METHOD_DEFAULTS["queue_size"],
+        queue_init_size: int = METHOD_DEFAULTS["queue_init_size"],
+        in_batch_negatives: bool = METHOD_DEFAULTS["in_batch_negatives"],
+        target_dropout: bool = METHOD_DEFAULTS["target_dropout"],
         max_seq_length: int = 32,
         encoder_dropout: float | None = 0.1,
         fraternal_vocab_size: int | None = None,

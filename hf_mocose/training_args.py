@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 
 from .augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
-from .configuration import METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
+from .configuration import METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
 from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES
 
@@ -148,9 +148,12 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     # --- Method ---
     method: str = field(default="mocose", metadata={"help": f"(model) Training method: {', '.join(METHODS)}."})
-    contrastive_temperature: float = field(default=0.05, metadata={"help": "(model) InfoNCE temperature tau > 0."})
+    contrastive_temperature: float = field(
+        default=METHOD_DEFAULTS["contrastive_temperature"], metadata={"help": "(model) InfoNCE temperature tau > 0."}
+    )
     in_batch_negatives: bool = field(
-        default=True, metadata={"help": "(model) Use the other keys of the global batch as negatives too."}
+        default=METHOD_DEFAULTS["in_batch_negatives"],
+        metadata={"help": "(model) Use the other keys of the global batch as negatives too."}
     )
 
     # --- Model ---
@@ -159,28 +162,42 @@ class MoCoSETrainingArguments(TrainingArguments):
         metadata={"help": f"(model) Sentence embedding trained, evaluated and exported: {', '.join(SENTENCE_POOLING_MODES)} "
                           "(the heads read the [CLS] state, or the token mean for mean)."},
     )
-    projection_layers: int = field(default=1, metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."})
-    predictor_layers: int = field(default=2, metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."})
-    predictor_dim: int | None = field(default=None, metadata={"help": "(model) Predictor width; default the key width."})
+    projection_layers: int = field(
+        default=METHOD_DEFAULTS["projection_layers"],
+        metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."}
+    )
+    predictor_layers: int = field(
+        default=METHOD_DEFAULTS["predictor_layers"],
+        metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."}
+    )
+    predictor_dim: int | None = field(
+        default=METHOD_DEFAULTS["predictor_dim"], metadata={"help": "(model) Predictor width; default the key width."}
+    )
     projection_dim: int | None = field(
         default=None,
         metadata={"help": "(model) Output width of the projection = width of keys, queries and queue (the reference "
                   "code's out_size, the paper's Table 6a); default hidden size; needs projection_layers >= 1."},
     )
-    head_dropout: float = field(default=0.1, metadata={"help": "(model) Dropout in projection and predictor blocks."})
+    head_dropout: float = field(
+        default=METHOD_DEFAULTS["head_dropout"],
+        metadata={"help": "(model) Dropout in projection and predictor blocks."}
+    )
     head_init: str = field(
-        default="identity",
+        default=METHOD_DEFAULTS["head_init"],
         metadata={"help": f"(model) Head Linear initialisation: {', '.join(HEAD_INITS)} (random = the paper's)."},
     )
     head_learning_rate: float | None = field(
-        default=1e-3,
+        default=METHOD_DEFAULTS["head_learning_rate"],
         metadata={"help": "Learning rate of the online heads (pooler, projection, predictor); null = learning_rate "
                           "(the paper's)."},
     )
     encoder_dropout: float | None = field(
         default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
     )
-    target_dropout: bool = field(default=True, metadata={"help": "(model) Run the target branch with dropout in training."})
+    target_dropout: bool = field(
+        default=METHOD_DEFAULTS["target_dropout"],
+        metadata={"help": "(model) Run the target branch with dropout in training."}
+    )
     shared_embeddings: str = field(
         default="word",
         metadata={"help": f"(model) What the EMA target shares with the online encoder: {', '.join(SHARED_EMBEDDINGS)} "
@@ -194,27 +211,43 @@ class MoCoSETrainingArguments(TrainingArguments):
     )
 
     # --- Queue and EMA target ---
-    queue_size: int = field(default=512, metadata={"help": "(model) K: capacity of the negative-key queue."})
-    queue_init_size: int = field(default=128, metadata={"help": "(model) K_s: random unit vectors the queue starts with."})
-    ema_decay_start: float = field(default=0.75, metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."})
+    queue_size: int = field(
+        default=METHOD_DEFAULTS["queue_size"], metadata={"help": "(model) K: capacity of the negative-key queue."}
+    )
+    queue_init_size: int = field(
+        default=METHOD_DEFAULTS["queue_init_size"],
+        metadata={"help": "(model) K_s: random unit vectors the queue starts with."}
+    )
+    ema_decay_start: float = field(
+        default=METHOD_DEFAULTS["ema_decay_start"],
+        metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."}
+    )
     ema_decay_end: float = field(
-        default=0.95, metadata={"help": "EMA decay eta at the end of the cosine ramp, in [0, 1]."}
+        default=METHOD_DEFAULTS["ema_decay_end"],
+        metadata={"help": "EMA decay eta at the end of the cosine ramp, in [0, 1]."}
     )
     ema_decay_horizon: int | None = field(
-        default=None,
+        default=METHOD_DEFAULTS["ema_decay_horizon"],
         metadata={"help": "Optimizer steps the cosine ramp takes, eta staying at ema_decay_end after; default: the "
                   "run length. The reference code's schedule: start 0.75, end 1.0, horizon 15000."},
     )
 
     # --- FGSM ---
-    fgsm_mode: str = field(default="previous", metadata={"help": f"FGSM on word embeddings: {', '.join(FGSM_MODES)}."})
-    fgsm_epsilon: float = field(default=5e-9, metadata={"help": "FGSM step size epsilon >= 0, in fgsm_epsilon_unit."})
+    fgsm_mode: str = field(
+        default=METHOD_DEFAULTS["fgsm_mode"], metadata={"help": f"FGSM on word embeddings: {', '.join(FGSM_MODES)}."}
+    )
+    fgsm_epsilon: float = field(
+        default=METHOD_DEFAULTS["fgsm_epsilon"], metadata={"help": "FGSM step size epsilon >= 0, in fgsm_epsilon_unit."}
+    )
     fgsm_epsilon_unit: str = field(
-        default="absolute",
+        default=METHOD_DEFAULTS["fgsm_epsilon_unit"],
         metadata={"help": f"Unit of fgsm_epsilon: {', '.join(FGSM_EPSILON_UNITS)} (a fraction of the batch's "
                   "root-mean-square word-embedding entry); absolute = the paper's."},
     )
-    fgsm_views: str = field(default="both", metadata={"help": f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}."})
+    fgsm_views: str = field(
+        default=METHOD_DEFAULTS["fgsm_views"],
+        metadata={"help": f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}."}
+    )
     pad_to_max_length: bool | None = field(
         default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
     )

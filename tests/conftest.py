@@ -151,8 +151,9 @@ def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", d
 
 
 def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
-                    callbacks=None, init_seed=0, **overrides):
-    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder.
+                    callbacks=None, init_seed=0, with_loss_callback=True, eval_dataset=None, **overrides):
+    """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder, given
+    `callbacks=[loss.callback]` as users do (`with_loss_callback=False`: forgotten).
 
     `init_seed` seeds the random heads and queue (the Trainer then seeds the run with `seed`)."""
     from datasets import Dataset
@@ -172,4 +173,24 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
         save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
     )
     args = SentenceTransformerTrainingArguments(**{**defaults, **overrides})
-    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks)
+    callbacks = [*([loss.callback] if with_loss_callback else []), *(callbacks or [])]
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset, loss=loss,
+                                      callbacks=callbacks)
+
+
+def gradient_recorder(model, heads):
+    """A `TrainerCallback` that keeps, before every optimizer step, the gradients of `model` ("model.<name>")
+    and of a `MoCoSELoss`'s heads ("head.<name>"), as the optimizer is about to apply them (after the loss's
+    callback, given earlier, has clipped them); in `.steps`."""
+    from transformers import TrainerCallback
+
+    class GradientRecorder(TrainerCallback):
+        def __init__(self):
+            self.steps = []
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            grads = {f"model.{k}": p.grad for k, p in model.named_parameters() if p.grad is not None}
+            grads.update({f"head.{k}": p.grad for k, p in heads.named_parameters()})
+            self.steps.append({k: g.detach().clone() for k, g in grads.items()})
+
+    return GradientRecorder()

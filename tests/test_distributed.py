@@ -133,15 +133,23 @@ def test_una_as_in_its_paper(tiny_encoder, tmp_path):
 
 
 # ----------------------------------------------------------------- MoCoSELoss under SentenceTransformerTrainer
+# 4 optimizer steps of 2 micro-batches, max_grad_norm 1.0 (the tiny model's gradients are larger: every step clips).
+ST_SETTINGS = ["4", "2", "1.0"]  # MAX_STEPS ACCUMULATION MAX_GRAD_NORM
+
+
 @pytest.fixture(scope="module")
 def st_runs(tiny_encoder, tmp_path_factory):
-    two = tmp_path_factory.mktemp("st_two")
-    one = tmp_path_factory.mktemp("st_one")
+    two, one, raw = (tmp_path_factory.mktemp(name) for name in ("st_two", "st_one", "st_raw"))
     return {
-        "two": _run([tiny_encoder, str(two), "4", "4"], 2, two, worker=ST_WORKER),
-        "one": _run([tiny_encoder, str(one), "8", "4"], 1, one, worker=ST_WORKER),
+        "two": _run([tiny_encoder, str(two), "4", *ST_SETTINGS], 2, two, worker=ST_WORKER),
+        "one": _run([tiny_encoder, str(one), "8", *ST_SETTINGS], 1, one, worker=ST_WORKER),
+        "raw": _run([tiny_encoder, str(raw), "8", "1", "2", "0"], 1, raw, worker=ST_WORKER),  # step 1, no clip
         "two_dir": two,
     }
+
+
+def _norm(grads, prefix=""):
+    return torch.linalg.vector_norm(torch.stack([g.norm() for k, g in grads.items() if k.startswith(prefix)])).item()
 
 
 def test_st_loss_ranks_hold_identical_targets_queues_and_heads(st_runs):
@@ -149,16 +157,34 @@ def test_st_loss_ranks_hold_identical_targets_queues_and_heads(st_runs):
     assert [rank0["world_size"], rank1["world_size"]] == [2, 2]
     for name in rank0["state"]:
         assert torch.equal(rank0["state"][name], rank1["state"][name]), name
-    assert int(rank0["state"]["queue.queue_fill"]) == 4 + 4 * 8  # K_s + steps x global batch: both ranks' keys
+    assert int(rank0["state"]["queue.queue_fill"]) == 4 + 4 * 2 * 8  # K_s + micro-batches x global batch
 
 
-def test_st_loss_head_gradients_are_averaged_over_ranks(st_runs):
+def test_st_loss_head_gradients_are_averaged_once_per_optimizer_step(st_runs):
+    """One all-reduce of the heads per optimizer step (not per micro-batch), and then equal on both ranks."""
     rank0, rank1, single = st_runs["two"][0], st_runs["two"][1], st_runs["one"][0]
-    assert len(rank0["head_grads"]) == len(single["head_grads"]) == 4
-    for step0, step1, step_single in zip(rank0["head_grads"], rank1["head_grads"], single["head_grads"]):
+    assert rank0["head_reductions"] == rank1["head_reductions"] == 4 and single["head_reductions"] == 0
+    assert rank0["all_reduces"] == rank1["all_reduces"] == 4  # the only Python-level all-reduces
+    for step0, step1 in zip(rank0["grads"], rank1["grads"]):
         for name in step0:
             assert torch.equal(step0[name], step1[name]), name
-            assert torch.allclose(step0[name], step_single[name], atol=1e-5), name
+
+
+def test_st_loss_clips_heads_with_the_model_as_mocose_trainer_does(st_runs):
+    """2 x 4 equals 1 x 8 under accumulation and clipping, step by step; and step 1 equals the unclipped
+    gradients x max_grad_norm / (joint norm of model and heads + 1e-6), the clip MoCoSETrainer applies."""
+    two, single, raw = st_runs["two"][0], st_runs["one"][0], st_runs["raw"][0]
+    assert len(two["grads"]) == len(single["grads"]) == 4
+    for step_two, step_single in zip(two["grads"], single["grads"]):
+        assert step_two.keys() == step_single.keys()
+        for name in step_two:
+            assert torch.allclose(step_two[name], step_single[name], atol=1e-5), name
+        assert _norm(step_single) == pytest.approx(1.0, rel=1e-4)  # clipped jointly to max_grad_norm
+    joint = _norm(raw["grads"][0])
+    assert joint > 1.0 and raw["joint_norm"] is None
+    for name, gradient in raw["grads"][0].items():
+        expected = gradient * 1.0 / (joint + 1e-6)
+        assert torch.allclose(two["grads"][0][name], expected, atol=1e-6, rtol=1e-4), name
 
 
 def test_st_loss_two_processes_match_one_process_with_same_global_batch(st_runs):
@@ -169,6 +195,6 @@ def test_st_loss_two_processes_match_one_process_with_same_global_batch(st_runs)
 def test_st_loss_resume_in_two_processes(st_runs, tiny_encoder, tmp_path):
     checkpoint = st_runs["two_dir"] / "checkpoint-2"
     assert (checkpoint / "mocose_loss" / "state.pt").is_file()
-    resumed = _run([tiny_encoder, str(tmp_path), "4", "4", str(checkpoint)], 2, tmp_path, worker=ST_WORKER)
+    resumed = _run([tiny_encoder, str(tmp_path), "4", *ST_SETTINGS, str(checkpoint)], 2, tmp_path, worker=ST_WORKER)
     _assert_states_close(resumed[0]["state"], st_runs["two"][0]["state"], atol=1e-6)
     assert resumed[0]["losses"][-2:] == pytest.approx(st_runs["two"][0]["losses"][-2:], abs=1e-6)

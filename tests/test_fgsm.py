@@ -58,12 +58,21 @@ def test_previous_reuses_last_gradient(tiny_encoder, tmp_path, monkeypatch):
     assert len(seen) == 2
 
 
-def test_previous_skips_other_shapes_and_says_once(tiny_encoder, tmp_path, caplog):
-    trainer = make_trainer(tiny_encoder, tmp_path, fgsm_mode="previous", **NO_DROPOUT)
-    trainer.fgsm.last_gradient_sign = torch.ones(2, 3, 32)
-    assert trainer.fgsm.previous_perturbation(torch.Size((4, 16, 32))) is None
-    assert trainer.fgsm.previous_perturbation(torch.Size((4, 16, 32))) is None
-    assert sum("fgsm_mode='previous' skipped" in r.message for r in caplog.records) == 1
+def test_previous_fits_a_sign_of_another_shape():
+    """Dynamic padding (sentence-transformers) or a short last batch: the previous sign is cropped or
+    zero-filled to the current (B, L, H); an equal shape is used as it is."""
+    from hf_mocose.augmentation import FGSMPerturbation
+
+    fgsm = FGSMPerturbation("previous", epsilon=0.5)
+    sign = torch.sign(torch.randn(4, 6, 8))
+    fgsm.last_gradient_sign = sign
+    assert torch.equal(fgsm.previous_perturbation(torch.Size((4, 6, 8))), 0.5 * sign)
+    shorter = fgsm.previous_perturbation(torch.Size((2, 3, 8)))  # fewer sentences, shorter padding
+    assert torch.equal(shorter, 0.5 * sign[:2, :3])
+    longer = fgsm.previous_perturbation(torch.Size((5, 9, 8)))  # more sentences, longer padding
+    assert longer.shape == (5, 9, 8)
+    assert torch.equal(longer[:4, :6], 0.5 * sign)
+    assert not longer[4:].any() and not longer[:, 6:].any()
 
 
 def test_off_changes_nothing(tiny_encoder, tmp_path, monkeypatch):

@@ -1,42 +1,38 @@
-"""MoCoSELoss: the MoCoSE objective for any SentenceTransformer, trained by SentenceTransformerTrainer."""
+"""MoCoSELoss: the MoCoSE objective for any SentenceTransformer, trained by SentenceTransformerTrainer.
 
-import shutil
+Checkpoints, resume, Hub pushes, `model_init` and Trainer switches: tests/test_st_loss_runs.py.
+"""
+
+import dataclasses
+import inspect
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 from torch.nn import functional as F
 
-from conftest import make_st_trainer, tiny_sentence_transformer
+from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
 from hf_mocose.callbacks import ema_decay_at
 from hf_mocose.data import python_docs_sentences
 
 # No dropout anywhere: runs that should match do so exactly.
 QUIET = dict(loss_kwargs=dict(head_dropout=0.0, target_dropout=False), model_kwargs=dict(dropout=0.0))
+_SENTENCES = python_docs_sentences()[:16]
 
 
 def _losses(trainer):
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-def _loss_state(trainer):
-    """Everything a run holds: the model, the online heads, the target and the queue."""
-    loss = trainer.loss
-    state = {}
-    for name in ("model", "online_head", "target_encoder", "target_head", "queue"):
-        module = trainer.model if name == "model" else getattr(loss, name)
-        state.update({f"{name}.{k}": v.detach().clone() for k, v in module.state_dict().items()})
-    return state
+def _norm(grads, prefix=""):
+    return torch.linalg.vector_norm(torch.stack([g.norm() for k, g in grads.items() if k.startswith(prefix)])).item()
 
 
-def _assert_states_equal(a, b, atol):
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.allclose(a[name].float(), b[name].float(), atol=atol), name
-
-
+# ----------------------------------------------------------------- the package and the vocabulary
 def test_top_level_exports_import_lazily():
     code = (
         "import sys, hf_mocose\n"
@@ -51,17 +47,81 @@ def test_top_level_exports_import_lazily():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_trains_and_feeds_the_queue_with_the_plain_trainer_call(tiny_encoder, tmp_path):
-    """The issue's snippet: no callbacks passed; the loss attaches its own on the first step."""
+def test_no_call_stack_search_in_the_package():
+    for path in (REPO_ROOT / "hf_mocose").rglob("*.py"):
+        source = path.read_text()
+        assert not any(word in source for word in ("_getframe", "inspect.stack", "f_back")), path
+
+
+def test_one_vocabulary_with_the_training_arguments():
+    """Every MoCoSELoss setting is a MoCoSETrainingArguments field of the same name and default, both from
+    METHOD_DEFAULTS; MoCoSEConfig's share them too. Fails on any drift."""
+    from hf_mocose import MoCoSEConfig, MoCoSELoss, MoCoSETrainingArguments
+    from hf_mocose.configuration import METHOD_DEFAULTS
+
+    loss_defaults = {name: p.default for name, p in inspect.signature(MoCoSELoss.__init__).parameters.items()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    field_defaults = {f.name: f.default for f in dataclasses.fields(MoCoSETrainingArguments)}
+    assert loss_defaults == dict(METHOD_DEFAULTS)
+    assert {name: field_defaults[name] for name in METHOD_DEFAULTS} == dict(METHOD_DEFAULTS)
+    config_defaults = {name: p.default for name, p in inspect.signature(MoCoSEConfig.__init__).parameters.items()}
+    shared = set(config_defaults) & set(METHOD_DEFAULTS)
+    assert shared >= {"contrastive_temperature", "queue_size", "queue_init_size", "head_init", "target_dropout"}
+    assert {name: config_defaults[name] for name in shared} == {name: METHOD_DEFAULTS[name] for name in shared}
+
+
+@pytest.mark.parametrize("old, new", [("ema_decay", "ema_decay_start"), ("temperature", "contrastive_temperature")])
+def test_old_argument_names_are_refused_naming_the_new_one(tiny_encoder, old, new):
+    from hf_mocose import MoCoSELoss
+
+    with pytest.raises(TypeError, match=rf"^MoCoSELoss: {old}= is now {new}= \(the MoCoSETrainingArguments name\)\.$"):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), **{old: 0.5})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'queue'"):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), queue=8)
+
+
+# ----------------------------------------------------------------- training
+def test_trains_and_feeds_the_queue(tiny_encoder, tmp_path):
     trainer = make_st_trainer(tiny_encoder, tmp_path, loss_kwargs=dict(queue_size=40, queue_init_size=3))
     loss = trainer.loss
     target_before = [p.clone() for p in loss.target_encoder.parameters()]
     trainer.train()
-    assert loss.callback in trainer.callback_handler.callbacks
     assert int(loss.queue.queue_fill) == 3 + 4 * 4  # K_s + steps x batch
     assert all(torch.isfinite(torch.tensor(_losses(trainer))))
     assert loss.callback.last_decay == pytest.approx(ema_decay_at(3, 4, 0.75, 0.95))
     assert any(not torch.equal(a, b) for a, b in zip(target_before, loss.target_encoder.parameters()))
+
+
+def test_a_forgotten_callback_stops_the_first_step_naming_the_fix(tiny_encoder, tmp_path):
+    trainer = make_st_trainer(tiny_encoder, tmp_path, with_loss_callback=False, loss_kwargs=dict(head_learning_rate=None))
+    weights = [p.clone() for p in trainer.model.parameters()]
+    with pytest.raises(RuntimeError, match=r"pass callbacks=\[loss.callback\] to SentenceTransformerTrainer"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights, trainer.model.parameters()))
+
+
+def test_a_callback_added_after_construction_cannot_set_the_head_learning_rate(tiny_encoder, tmp_path):
+    """The optimiser reads learning_rate_mapping before on_train_begin: only a callback given to the
+    constructor (on_init_end) sets it. Added later, training refuses; with head_learning_rate=None it runs."""
+    late = make_st_trainer(tiny_encoder, tmp_path / "late", with_loss_callback=False)
+    late.add_callback(late.loss.callback)
+    with pytest.raises(ValueError, match=r"pass callbacks=\[loss.callback\] to SentenceTransformerTrainer"):
+        late.train()
+    plain = make_st_trainer(tiny_encoder, tmp_path / "plain", with_loss_callback=False, max_steps=1,
+                            loss_kwargs=dict(head_learning_rate=None))
+    plain.add_callback(plain.loss.callback)
+    plain.train()
+    assert plain.loss.callback.last_decay is not None
+
+
+def test_training_outside_a_trainer_is_refused(tiny_encoder):
+    from hf_mocose import MoCoSELoss
+
+    model = tiny_sentence_transformer(tiny_encoder)
+    loss = MoCoSELoss(model, queue_size=8, queue_init_size=3)
+    with pytest.raises(RuntimeError, match=r"callbacks=\[loss.callback\]"):
+        loss([model.preprocess(_SENTENCES[:4])])
 
 
 def test_heads_are_optimised_target_and_queue_are_not(tiny_encoder, tmp_path):
@@ -84,7 +144,7 @@ def test_ema_pairs_and_update_rule(tiny_encoder):
     from hf_mocose import MoCoSELoss
 
     model = tiny_sentence_transformer(tiny_encoder)
-    loss = MoCoSELoss(model, queue_size=8)
+    loss = MoCoSELoss(model, queue_size=8, queue_init_size=3)
     online, target, _, _ = loss.ema_parameter_pairs()
     expected = [*model.parameters(), *loss.online_head.pooler.parameters(), *loss.online_head.projection.parameters()]
     assert [id(p) for p in online] == [id(p) for p in expected]
@@ -97,25 +157,65 @@ def test_ema_pairs_and_update_rule(tiny_encoder):
     loss.callback.update(0.9)
     for o, t, old in zip(online, target, before):
         assert torch.allclose(t, 0.9 * old + 0.1 * o, atol=1e-6)
-    horizon = MoCoSELoss(model, queue_size=8, ema_decay_horizon=100).callback  # the reference code's fixed ramp
+    horizon = MoCoSELoss(model, queue_size=8, queue_init_size=3, ema_decay_horizon=100).callback
     assert horizon.decay_at(50, 4) == pytest.approx(ema_decay_at(50, 4, 0.75, 0.95, 100)) == pytest.approx(0.85)
 
 
-def test_identity_head_init_and_a_head_learning_rate(tiny_encoder, tmp_path):
-    """head_init (identity by default, as MoCoSETrainer's) reaches the heads through the shared builders;
-    sentence-transformers' learning_rate_mapping gives the heads their own learning rate."""
-    trainer = make_st_trainer(tiny_encoder, tmp_path, learning_rate_mapping={r"online_head\.": 1e-2})
-    loss = trainer.loss
+def test_identity_heads_by_default_random_on_request(tiny_encoder):
+    from hf_mocose import MoCoSELoss
+
+    loss = MoCoSELoss(tiny_sentence_transformer(tiny_encoder), queue_size=8, queue_init_size=3)
     linears = [m for m in loss.online_head.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 1 + 1 + 2  # pooler, projection, predictor
     assert all(torch.equal(m.weight, torch.eye(32)) and not m.bias.any() for m in linears)
     assert torch.equal(loss.target_head.pooler.weight, torch.eye(32))
-    optimizer = trainer.create_optimizer()
-    lr = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
-    assert {lr[id(p)] for p in loss.online_head.parameters()} == {1e-2}
-    assert {lr[id(p)] for p in trainer.model.parameters()} == {1e-3}
-    paper = make_st_trainer(tiny_encoder, tmp_path / "paper", loss_kwargs=dict(head_init="random")).loss
+    paper = MoCoSELoss(tiny_sentence_transformer(tiny_encoder), queue_size=8, queue_init_size=3, head_init="random")
     assert not torch.equal(paper.online_head.predictor[0].weight, torch.eye(32))
+
+
+@pytest.mark.parametrize("mapping, head_rate, expected", [
+    (None, 1e-3, 1e-3),  # the default head_learning_rate, through learning_rate_mapping
+    (None, None, 1e-2),  # the paper's single rate
+    ({r"online_head\.": 5e-3}, 1e-3, 5e-3),  # a pattern of the user's for the heads wins
+])
+def test_the_heads_train_at_head_learning_rate(tiny_encoder, tmp_path, mapping, head_rate, expected):
+    """Plain SGD at a constant rate: each head step is -rate x its (clipped) gradient, the model's -learning_rate x its."""
+    trainer = make_st_trainer(tiny_encoder, tmp_path, max_steps=1, optim="sgd", learning_rate=1e-2, weight_decay=0.0,
+                              lr_scheduler_type="constant", learning_rate_mapping=mapping or {},
+                              loss_kwargs=dict(head_learning_rate=head_rate))
+    loss = trainer.loss
+    gradients = gradient_recorder(trainer.model, loss.online_head)
+    trainer.add_callback(gradients)
+    heads_before = {k: p.detach().clone() for k, p in loss.online_head.named_parameters()}
+    model_before = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
+    trainer.train()
+    grads = gradients.steps[0]
+    for name, param in loss.online_head.named_parameters():
+        assert torch.allclose(param, heads_before[name] - expected * grads[f"head.{name}"], atol=1e-7), name
+    name, param = next((k, p) for k, p in trainer.model.named_parameters() if f"model.{k}" in grads)
+    assert torch.allclose(param, model_before[name] - 1e-2 * grads[f"model.{name}"], atol=1e-7)
+
+
+def test_heads_are_clipped_jointly_with_the_model(tiny_encoder, tmp_path):
+    """max_grad_norm clips model and heads together (MoCoSETrainer's rule): step-1 gradients equal the
+    unclipped ones x max_norm / (joint norm + 1e-6). The logged grad_norm stays the Trainer's: the model's."""
+    def first_step(max_grad_norm):
+        trainer = make_st_trainer(tiny_encoder, tmp_path / str(max_grad_norm), max_steps=1, max_grad_norm=max_grad_norm,
+                                  **QUIET)
+        gradients = gradient_recorder(trainer.model, trainer.loss.online_head)
+        trainer.add_callback(gradients)
+        trainer.train()
+        return trainer, gradients.steps[0]
+
+    _, raw = first_step(0.0)
+    trainer, clipped = first_step(0.05)
+    joint = _norm(raw)
+    assert joint > 0.05 and _norm(raw, "head.") > 0.0
+    assert _norm(clipped) == pytest.approx(0.05, rel=1e-4)
+    for name in raw:
+        assert torch.allclose(clipped[name], raw[name] * 0.05 / (joint + 1e-6), atol=1e-7, rtol=1e-4), name
+    assert trainer.loss.callback.head_gradients.last_grad_norm.item() == pytest.approx(joint, rel=1e-5)
+    assert trainer.state.log_history[0]["grad_norm"] == pytest.approx(_norm(raw, "model."), rel=1e-5)
 
 
 def test_one_ema_update_per_optimizer_step_under_accumulation(tiny_encoder, tmp_path, monkeypatch):
@@ -134,8 +234,9 @@ def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path):
     sentences = python_docs_sentences()
     dataset = Dataset.from_dict({"anchor": sentences[:8], "positive": sentences[8:16]})
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=dataset, per_device_train_batch_size=8, max_steps=1,
-                              learning_rate=0.0, loss_kwargs=dict(queue_size=8, queue_init_size=0, **QUIET["loss_kwargs"]),
-                              model_kwargs=QUIET["model_kwargs"])
+                              learning_rate=0.0, model_kwargs=QUIET["model_kwargs"],
+                              loss_kwargs=dict(queue_size=8, queue_init_size=0, head_learning_rate=None,
+                                               **QUIET["loss_kwargs"]))
     trainer.train()
     loss = trainer.loss
     loss.target_encoder.eval()
@@ -152,93 +253,48 @@ def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path):
     assert (target_keys(sentences[:8]) @ queued.T).max() < 0.999  # and no anchor's
 
 
-def test_fgsm_modes_perturb_the_word_embeddings(tiny_encoder, tmp_path):
-    def run(mode):
-        kwargs = dict(QUIET["loss_kwargs"], fgsm_mode=mode, fgsm_epsilon=0.05)
-        trainer = make_st_trainer(tiny_encoder, tmp_path / mode, max_steps=2, loss_kwargs=kwargs,
-                                  model_kwargs=dict(dropout=0.0, max_seq_length=8),
-                                  dataset=Dataset.from_dict({"text": _long_sentences(64)}))
-        trainer.train()
-        return _losses(trainer), trainer.loss.fgsm.last_gradient_sign
-
-    off, _ = run("off")
-    exact, exact_sign = run("exact")
-    previous, previous_sign = run("previous")
-    assert exact[0] != pytest.approx(off[0], abs=1e-4)  # its own gradient from the first step on
-    assert previous[0] == pytest.approx(off[0], abs=1e-6)  # no previous gradient yet
-    assert previous[1] != pytest.approx(off[1], abs=1e-4)
-    assert exact_sign is None and previous_sign is not None and previous_sign.shape == (4, 8, 32)
-
-
 def _long_sentences(n):
-    """Sentences longer than 8 tokens: truncated to 8, every batch has the same shape (FGSM "previous")."""
+    """Sentences longer than 8 tokens: truncated to 8, every batch has the same shape."""
     return [s for s in python_docs_sentences() if len(s.split()) >= 10][:n]
 
 
-@pytest.fixture(scope="module")
-def full_run(tiny_encoder, tmp_path_factory):
-    """6 steps, checkpoints every 3, FGSM "previous" on: state that a resume must restore exactly."""
-    out = tmp_path_factory.mktemp("full")
-    trainer = make_st_trainer(tiny_encoder, out, **_resume_setup())
-    trainer.train()
-    return {"dir": out, "losses": _losses(trainer), "state": _loss_state(trainer)}
+@pytest.mark.parametrize("padding", ["fixed", "dynamic"])
+def test_fgsm_modes_perturb_the_word_embeddings(tiny_encoder, tmp_path, padding):
+    """"previous" (the default) perturbs from step 2 on, also under sentence-transformers' dynamic padding,
+    where each batch is as long as its longest sentence and the previous sign is fitted to it."""
+    sentences = _long_sentences(64) if padding == "fixed" else python_docs_sentences()[:64]
 
+    def run(mode):
+        kwargs = dict(QUIET["loss_kwargs"], fgsm_mode=mode, fgsm_epsilon=0.05)
+        trainer = make_st_trainer(tiny_encoder, tmp_path / mode, max_steps=3, loss_kwargs=kwargs,
+                                  model_kwargs=dict(dropout=0.0, max_seq_length=8 if padding == "fixed" else 64),
+                                  dataset=Dataset.from_dict({"text": sentences}))
+        lengths = []
+        words = trainer.loss.online_model.transformers_model.get_input_embeddings()
+        words.register_forward_hook(lambda module, inputs, output: lengths.append(output.shape[1]))
+        trainer.train()
+        return _losses(trainer), trainer.loss.fgsm.last_gradient_sign, lengths
 
-def _resume_setup():
-    return dict(max_steps=6, save_strategy="steps", save_steps=3, dataset=Dataset.from_dict({"text": _long_sentences(64)}),
-                loss_kwargs=dict(queue_size=20, queue_init_size=3, fgsm_mode="previous", fgsm_epsilon=0.05),
-                model_kwargs=dict(max_seq_length=8))
-
-
-def test_checkpoint_holds_the_loss_state(full_run):
-    folder = full_run["dir"] / "checkpoint-3" / "mocose_loss"
-    state = torch.load(folder / "state.pt", weights_only=True)
-    assert {"online_head", "target_encoder", "target_head", "queue", "ema_last_decay"} <= state.keys()
-    assert {"queue_ptr", "queue_fill"} <= state["queue"].keys()
-    assert state["ema_last_decay"] == pytest.approx(ema_decay_at(2, 6, 0.75, 0.95))
-    assert torch.load(folder / "fgsm_rank0.pt", weights_only=True)["last_gradient_sign"].shape == (4, 8, 32)
-
-
-def test_resume_gives_the_same_next_losses(full_run, tiny_encoder):
-    """Resumed from checkpoint-3 in output_dir, the loss finds its state itself; steps 4-6 equal the full run's."""
-    resumed = make_st_trainer(tiny_encoder, full_run["dir"], **_resume_setup())
-    resumed.train(resume_from_checkpoint=str(full_run["dir"] / "checkpoint-3"))
-    assert _losses(resumed)[-3:] == pytest.approx(full_run["losses"][-3:], abs=1e-5)
-    _assert_states_equal(_loss_state(resumed), full_run["state"], atol=1e-5)
-
-
-def test_resume_from_a_checkpoint_elsewhere(full_run, tiny_encoder, tmp_path):
-    moved = tmp_path / "moved"
-    shutil.copytree(full_run["dir"] / "checkpoint-3", moved)
-    trainer = make_st_trainer(tiny_encoder, tmp_path / "out", **_resume_setup())
-    with pytest.raises(FileNotFoundError, match=r"loss.load_state\(CHECKPOINT\)"):
-        trainer.train(resume_from_checkpoint=str(moved))
-    trainer = make_st_trainer(tiny_encoder, tmp_path / "out", **_resume_setup())
-    trainer.loss.load_state(moved)
-    trainer.train(resume_from_checkpoint=str(moved))
-    assert _losses(trainer)[-3:] == pytest.approx(full_run["losses"][-3:], abs=1e-5)
-
-
-def test_resume_refuses_another_checkpoints_loss_state(full_run, tiny_encoder, tmp_path):
-    mixed = tmp_path / "mixed"
-    shutil.copytree(full_run["dir"] / "checkpoint-3", mixed)
-    shutil.rmtree(mixed / "mocose_loss")
-    shutil.copytree(full_run["dir"] / "checkpoint-6" / "mocose_loss", mixed / "mocose_loss")
-    trainer = make_st_trainer(tiny_encoder, tmp_path / "out", **_resume_setup())
-    trainer.loss.load_state(mixed)
-    with pytest.raises(ValueError, match="other model weights"):
-        trainer.train(resume_from_checkpoint=str(mixed))
+    off, _, lengths = run("off")
+    exact, exact_sign, _ = run("exact")
+    previous, previous_sign, _ = run("previous")
+    assert exact[0] != pytest.approx(off[0], abs=1e-4)  # its own gradient from the first step on
+    assert previous[0] == pytest.approx(off[0], abs=1e-6)  # no previous gradient yet
+    assert previous[1] != pytest.approx(off[1], abs=1e-4) and previous[2] != pytest.approx(off[2], abs=1e-4)
+    assert exact_sign is None and previous_sign is not None and previous_sign.shape[::2] == (4, 32)
+    assert (len(set(lengths)) > 1) == (padding == "dynamic")
 
 
 def test_model_card_names_the_loss_and_its_settings(tiny_encoder, tmp_path):
     trainer = make_st_trainer(tiny_encoder, tmp_path / "run", max_steps=1,
-                              loss_kwargs=dict(queue_size=10, queue_init_size=3, ema_decay=0.8, temperature=0.07))
+                              loss_kwargs=dict(queue_size=10, queue_init_size=3, ema_decay_start=0.8,
+                                               contrastive_temperature=0.07))
     trainer.train()
     trainer.model.save_pretrained(str(tmp_path / "model"))
     card = (tmp_path / "model" / "README.md").read_text()
     assert "loss:MoCoSELoss" in card and "hf_mocose.st_loss.MoCoSELoss" in card
-    for setting in ('"queue_size": 10', '"ema_decay": 0.8', '"ema_decay_end": 0.95', '"temperature": 0.07',
-                    '"fgsm_mode": "off"'):
+    for setting in ('"queue_size": 10', '"ema_decay_start": 0.8', '"ema_decay_end": 0.95',
+                    '"contrastive_temperature": 0.07', '"fgsm_mode": "previous"', '"head_learning_rate": 0.001'):
         assert setting in card, setting
     assert "cao-etal-2022-exploring" in card  # the MoCoSE citation
 
@@ -254,10 +310,10 @@ def test_evaluation_loss_leaves_the_queue_alone(tiny_encoder, tmp_path):
 
 # ----------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=0.0), "temperature"),
+    (dict(contrastive_temperature=0.0), "contrastive_temperature"),
     (dict(queue_size=0), "queue_size"),
-    (dict(queue_size=8, queue_init_size=9), "queue_init_size"),
-    (dict(ema_decay=1.5), "ema_decay must be"),
+    (dict(queue_size=8), r"queue_init_size \(K_s\) must be between 0 and queue_size=8, got 128"),
+    (dict(ema_decay_start=1.5), "ema_decay_start must be"),
     (dict(ema_decay_end=-0.1), "ema_decay_end"),
     (dict(ema_decay_horizon=0), "ema_decay_horizon"),
     (dict(fgsm_mode="sometimes"), "fgsm_mode"),
@@ -265,6 +321,7 @@ def test_evaluation_loss_leaves_the_queue_alone(tiny_encoder, tmp_path):
     (dict(predictor_layers=-1), "predictor_layers"),
     (dict(head_dropout=1.0), "head_dropout"),
     (dict(head_init="zeros"), "head_init"),
+    (dict(head_learning_rate=0.0), "head_learning_rate"),
     (dict(fgsm_mode="exact", fgsm_epsilon_unit="percent"), "fgsm_epsilon_unit"),
 ])
 def test_impossible_settings(tiny_encoder, kwargs, match):
@@ -283,22 +340,17 @@ def test_models_it_cannot_train():
     with pytest.raises(TypeError, match="SentenceTransformer"):
         MoCoSELoss(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match=r"no tokenizer \(first module: Dense\)"):
-        MoCoSELoss(SentenceTransformer(modules=[Dense(in_features=8, out_features=8)]))
+        MoCoSELoss(SentenceTransformer(modules=[Dense(in_features=8, out_features=8)]), fgsm_mode="off")
 
 
-_SENTENCES = python_docs_sentences()[:16]
-
-
-@pytest.mark.parametrize("attach", ["first_step", "callbacks"])
 @pytest.mark.parametrize("columns, match", [
     ({"a": _SENTENCES, "b": _SENTENCES, "c": _SENTENCES}, r"two \(\(anchor, positive\) pairs\), but the training data has 3"),
     ({"text": _SENTENCES, "score": [0.5] * 16}, "label column 'score'"),
     ({"text": _SENTENCES[:8]}, r"queue_size=10 is larger than the training data \(8 rows\)"),
+    ({"text": _SENTENCES, "n_tokens": list(range(16))}, "column 'n_tokens' holds Value"),
 ])
-def test_data_it_cannot_use_fails_before_any_step(tiny_encoder, tmp_path, attach, columns, match):
+def test_data_it_cannot_use_fails_before_any_step(tiny_encoder, tmp_path, columns, match):
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=Dataset.from_dict(columns))
-    if attach == "callbacks":
-        trainer.add_callback(trainer.loss.callback)
     weights = [p.clone() for p in trainer.model.parameters()]
     with pytest.raises(ValueError, match=match):
         trainer.train()
@@ -306,49 +358,39 @@ def test_data_it_cannot_use_fails_before_any_step(tiny_encoder, tmp_path, attach
     assert all(torch.equal(a, b) for a, b in zip(weights, trainer.model.parameters()))
 
 
-def test_non_text_column_named_before_the_first_batch(tiny_encoder, tmp_path):
-    """With the callback passed in, the data is checked at on_train_begin, before any batch is collated."""
-    dataset = Dataset.from_dict({"text": _SENTENCES, "n_tokens": list(range(16))})
-    trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=dataset)
-    trainer.add_callback(trainer.loss.callback)
-    with pytest.raises(ValueError, match="column 'n_tokens' holds Value"):
-        trainer.train()
-
-
 def test_uneven_batches_across_processes_are_refused(tiny_encoder, tmp_path, monkeypatch):
-    from hf_mocose import st_loss
+    from hf_mocose import st_loss_callback
 
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=Dataset.from_dict({"text": python_docs_sentences()[:30]}))
-    monkeypatch.setattr(st_loss, "_rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(st_loss_callback, "rank_and_world", lambda: (0, 2))
     with pytest.raises(ValueError, match="dataloader_drop_last=True"):
         trainer.loss.check_dataset(trainer.train_dataset, trainer.args)
 
 
-def test_sharded_launches_are_refused(tiny_encoder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("launch, match", [("FSDP", "does not support FSDP"), ("DEEPSPEED", "does not support DeepSpeed")])
+def test_sharded_and_deepspeed_launches_are_refused(tiny_encoder, tmp_path, monkeypatch, launch, match):
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     trainer = make_st_trainer(tiny_encoder, tmp_path)
     for state in (PartialState, AcceleratorState):  # AcceleratorState() re-reads PartialState's
-        monkeypatch.setitem(state._shared_state, "distributed_type", DistributedType.FSDP)
-    with pytest.raises(ValueError, match="does not support FSDP"):
-        trainer.loss.begin_training(trainer.args, trainer.state)
+        monkeypatch.setitem(state._shared_state, "distributed_type", getattr(DistributedType, launch))
+    with pytest.raises(ValueError, match=match):
+        trainer.loss.callback.begin_training(trainer.args, trainer.state)
 
 
-def test_training_outside_a_trainer_is_refused(tiny_encoder):
-    from hf_mocose import MoCoSELoss
+def test_fp16_under_a_gradient_clip_is_refused():
+    """fp16 needs a GPU, so the refusal is checked on the arguments alone."""
+    from hf_mocose.st_loss_distributed import refuse_unsupported_launch
 
-    model = tiny_sentence_transformer(tiny_encoder)
-    loss = MoCoSELoss(model, queue_size=8)
-    with pytest.raises(RuntimeError, match="transformers Trainer"):
-        loss([model.preprocess(_SENTENCES[:4])])
+    with pytest.raises(ValueError, match=r"fp16 with max_grad_norm=1.0 .* use bf16=True, or max_grad_norm=0"):
+        refuse_unsupported_launch(SimpleNamespace(fp16=True, max_grad_norm=1.0))
+    refuse_unsupported_launch(SimpleNamespace(fp16=True, max_grad_norm=0.0))
 
 
 def test_example_script_end_to_end(tiny_encoder, tmp_path, monkeypatch):
     """examples/train_st_mocose.py on a saved tiny SentenceTransformer: trains, scores nothing (no STS file), saves."""
     import importlib.util
-
-    from conftest import REPO_ROOT
 
     tiny_sentence_transformer(tiny_encoder).save_pretrained(str(tmp_path / "tiny-st"))
     spec = importlib.util.spec_from_file_location("train_st_mocose", REPO_ROOT / "examples" / "train_st_mocose.py")
@@ -357,10 +399,13 @@ def test_example_script_end_to_end(tiny_encoder, tmp_path, monkeypatch):
     spec.loader.exec_module(script)
     scores = script.main([
         "--model_name_or_path", str(tmp_path / "tiny-st"), "--train_file", "builtin:python_docs",
-        "--max_train_samples", "64", "--queue_size", "16", "--max_steps", "2", "--per_device_train_batch_size", "8",
-        "--stsb_dev_file", str(tmp_path / "absent.csv"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true",
-        "--disable_tqdm", "true", "--head_init", "identity", "--learning_rate_mapping", '{"online_head\\\\.": 0.01}',
+        "--max_train_samples", "64", "--queue_size", "16", "--queue_init_size", "8", "--max_steps", "2",
+        "--per_device_train_batch_size", "8", "--stsb_dev_file", str(tmp_path / "absent.csv"),
+        "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--disable_tqdm", "true",
+        "--ema_decay_start", "0.8", "--contrastive_temperature", "0.07", "--head_learning_rate", "0.01",
     ])
     assert scores == {}
-    assert (tmp_path / "out" / "final" / "modules.json").is_file()
-    assert "MoCoSELoss" in (tmp_path / "out" / "final" / "README.md").read_text()
+    final = Path(tmp_path / "out" / "final")
+    assert (final / "modules.json").is_file()
+    card = (final / "README.md").read_text()
+    assert "MoCoSELoss" in card and '"ema_decay_start": 0.8' in card and '"head_learning_rate": 0.01' in card

@@ -1,0 +1,209 @@
+"""`MoCoSELossCallback`: what runs a `MoCoSELoss` from `SentenceTransformerTrainer`'s loop.
+
+A loss cannot register callbacks, so the user passes `callbacks=[loss.callback]` to the trainer, as
+sentence-transformers and TRL users do for their own callbacks (TRL's trainers add `SyncRefModelCallback`
+themselves; sentence-transformers has no loss-owned callbacks). A loss trained without it stops at its
+first training step with an error that names this fix. Event by event:
+
+* `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
+  `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
+* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip), the data checks, a resumed run's loss
+  state, rank 0's heads, target and queue on every process.
+* `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss_distributed`).
+* `on_optimizer_step`: the EMA update (`EMATargetCallback`).
+* `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
+  `on_evaluate` (`save_strategy="best"`, deciding as the Trainer is about to): the loss state written into
+  the coming checkpoint, so it is there before `_save_checkpoint` starts a Hub push; `on_save` checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.trainer_utils import HubStrategy, SaveStrategy
+
+from .callbacks import EMATargetCallback
+from .st_loss_checkpoint import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state,
+                                 is_new_best, load_loss_state, locate_checkpoint, run_folder, save_loss_state)
+from .st_loss_distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch
+
+if TYPE_CHECKING:
+    from .st_loss import MoCoSELoss
+
+HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
+LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
+CHECKPOINT_PUSHES = (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)
+logger = logging.getLogger(__name__)
+
+
+def _covers_heads(mapping: dict, loss: MoCoSELoss) -> bool:
+    names = [f"online_head.{name}" for name, _ in loss.online_head.named_parameters()]
+    return any(re.search(pattern, name) for pattern in mapping for name in names)
+
+
+def _parts(dataset) -> list:
+    """The datasets inside a `DatasetDict` or the `ConcatDataset` sentence-transformers makes of one."""
+    if dataset is None:
+        return []
+    if hasattr(dataset, "datasets"):  # torch's ConcatDataset
+        return list(dataset.datasets)
+    return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
+
+
+def check_training_data(loss: MoCoSELoss, dataset, args=None) -> None:
+    """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
+    columns, a queue larger than the data, batches that differ between processes."""
+    columns = [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]
+    if not columns:
+        return  # not a `datasets` table: nothing to read before the first batch
+    labels = [c for c in columns if c in LABEL_COLUMNS]
+    if labels:
+        raise ValueError(f"MoCoSELoss learns from text alone, but the training data has the label column {labels[0]!r}: "
+                         f"drop it (dataset.remove_columns({labels!r})).")
+    features = getattr(dataset, "features", None) or {}
+    for column in columns:
+        dtype = getattr(features.get(column), "dtype", None)
+        if column in features and dtype not in ("string", "large_string"):
+            raise ValueError(f"MoCoSELoss takes text columns only, but column {column!r} holds {features[column]}.")
+    if len(columns) > 2:
+        raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs), but the "
+                         f"training data has {len(columns)}: {columns}. Keep them with dataset.select_columns([...]).")
+    rows = len(dataset) if hasattr(dataset, "__len__") else None
+    if rows is not None and loss.queue.capacity > rows:
+        raise ValueError(f"queue_size={loss.queue.capacity} is larger than the training data ({rows} rows): the queue would "
+                         f"hold several keys of one sentence, an anchor's own earlier key among its negatives. "
+                         f"Use queue_size <= {rows}.")
+    world = rank_and_world()[1]
+    if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last:
+        per_step = args.per_device_train_batch_size * world
+        if rows % per_step:
+            raise ValueError(f"Under {world} processes every rank must hold the same number of keys at each step, but "
+                             f"{rows} rows leave a last batch short of {per_step}: set dataloader_drop_last=True.")
+
+
+class MoCoSELossCallback(EMATargetCallback):
+    """Runs a `MoCoSELoss` from the Trainer loop (the module docstring lists what, event by event).
+
+    Attributes:
+        mocose_loss: the loss it runs.
+        head_gradients: the heads' gradient averaging and joint clip (`HeadGradients`).
+    """
+
+    def __init__(self, mocose_loss: MoCoSELoss):
+        settings = mocose_loss.settings
+        super().__init__(mocose_loss, settings["ema_decay_start"], settings["ema_decay_end"], settings["ema_decay_horizon"])
+        self.mocose_loss = mocose_loss
+        self.head_gradients = HeadGradients()
+        self._training = False
+        self._saved_step: int | None = None
+
+    # ----------------------------------------------------------------- before the first step
+    def on_init_end(self, args, state, control, **kwargs):
+        rate = self.mocose_loss.settings["head_learning_rate"]
+        if rate is None:
+            return
+        mapping = getattr(args, "learning_rate_mapping", None)
+        if mapping is None:
+            raise TypeError(f"MoCoSELoss trains under SentenceTransformerTrainer: head_learning_rate={rate} reaches the "
+                            f"optimiser through SentenceTransformerTrainingArguments.learning_rate_mapping, which "
+                            f"{type(args).__name__} lacks.")
+        if not _covers_heads(mapping, self.mocose_loss):  # a pattern of the user's for the heads wins
+            args.learning_rate_mapping = {**mapping, HEAD_PARAMETERS: rate}
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.begin_training(args, state, getattr(train_dataloader, "dataset", None))
+
+    def begin_training(self, args, state, dataset=None) -> None:
+        """Refusals, data checks, the resumed loss state, one start for every process; before any step."""
+        loss = self.mocose_loss
+        refuse_unsupported_launch(args)
+        rate = loss.settings["head_learning_rate"]
+        if rate is not None and not _covers_heads(getattr(args, "learning_rate_mapping", None) or {}, loss):
+            raise ValueError(f"MoCoSELoss(head_learning_rate={rate}) gives the heads their learning rate when the trainer "
+                             "is built, but its callback was added later: pass callbacks=[loss.callback] to "
+                             "SentenceTransformerTrainer(...), or set head_learning_rate=None.")
+        if (state.is_hyper_param_search and run_folder(args, state) is None and args.push_to_hub
+                and args.hub_strategy in CHECKPOINT_PUSHES):
+            strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
+            raise ValueError("Under hyperparameter_search MoCoSELoss finds the trial's folder from its name before a "
+                             f"checkpoint is pushed (hub_strategy={strategy!r}): pass hp_name, e.g. "
+                             "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
+        loss.move_to_model_device()
+        for part in _parts(dataset):
+            check_training_data(loss, part, args)
+        if state.global_step > 0:
+            self._restore(args, state)
+        loss._restored = None
+        if rank_and_world()[1] > 1:
+            broadcast_from_first_rank(loss.online_head, loss.target_encoder, loss.target_head, loss.queue)
+        self.head_gradients.max_grad_norm = args.max_grad_norm
+        self._training, self._saved_step = True, None
+        loss._ready = True
+
+    def _restore(self, args, state) -> None:
+        loss = self.mocose_loss
+        if loss._restored is None:
+            checkpoint = checkpoint_folder(args, state)
+            if checkpoint is None or not (checkpoint / LOSS_STATE_DIR / STATE_FILE).is_file():
+                where = checkpoint / LOSS_STATE_DIR if checkpoint is not None else "the trial's checkpoint"
+                raise FileNotFoundError(
+                    f"Resuming at step {state.global_step}, but {where} holds no MoCoSELoss state (target, heads, "
+                    "queue). For a checkpoint outside output_dir, call loss.load_state(CHECKPOINT) before "
+                    "trainer.train(resume_from_checkpoint=CHECKPOINT).")
+            loss._restored = load_loss_state(loss, checkpoint, args.process_index)
+        saved, current = loss._restored["fingerprint"], fingerprint(loss.online_model)
+        if saved.shape != current.shape or not torch.allclose(saved, current, rtol=1e-7, atol=0.0):
+            raise ValueError(f"The MoCoSELoss state in {loss._restored['folder']} was saved with other model weights "
+                             f"than the checkpoint resumed at step {state.global_step}: load that checkpoint's own.")
+
+    # ----------------------------------------------------------------- every optimizer step
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.head_gradients.clip(self.mocose_loss.online_model, self.mocose_loss.online_head)
+
+    # on_optimizer_step: the EMA update, inherited.
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_step_end(self, args, state, control, **kwargs):
+        self._save_if_due(args, state, control.should_save)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._save_if_due(args, state, control.should_save)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if self._training and args.save_strategy == SaveStrategy.BEST and state.global_step > 0:
+            self._save_if_due(args, state, is_new_best(args, state, metrics or {}))
+
+    def _save_if_due(self, args, state, should_save: bool) -> None:
+        checkpoint = checkpoint_folder(args, state)
+        if should_save and checkpoint is not None and self._saved_step != state.global_step:
+            save_loss_state(self.mocose_loss, checkpoint, args.process_index, args.should_save)
+            self._saved_step = state.global_step
+
+    def on_push_begin(self, args, state, control, **kwargs):
+        # sentence-transformers copies the checkpoint's folders into output_dir for the model's push to the repo
+        # root; the loss state (a second copy of the model, the heads, the queue) belongs to the checkpoint only.
+        copied = Path(args.output_dir) / LOSS_STATE_DIR
+        if copied.is_dir():
+            shutil.rmtree(copied)
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = checkpoint_folder(args, state) or locate_checkpoint(args, state)
+        if checkpoint is None:
+            logger.warning("MoCoSELoss found no checkpoint-%d folder under %s: its state was not saved.",
+                           state.global_step, args.output_dir)
+            return
+        previous = self.mocose_loss.fgsm.mode == "previous"
+        if not holds_loss_state(checkpoint, args.process_index, args.should_save, previous):
+            if args.push_to_hub and args.hub_strategy in CHECKPOINT_PUSHES and run_folder(args, state) is not None:
+                logger.warning("MoCoSELoss wrote its state into %s after the Trainer started pushing it (a callback "
+                               "after loss.callback asked for this save); the pushed copy lacks it.", checkpoint)
+            save_loss_state(self.mocose_loss, checkpoint, args.process_index, args.should_save)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._training = False
+        self.mocose_loss._ready = False  # a later train() call runs the checks (and any resume) again

@@ -1,0 +1,130 @@
+"""`MoCoSELoss` across processes and under `max_grad_norm`: the heads' gradients as `MoCoSETrainer` has them.
+
+`MoCoSETrainer` trains one module, the `MoCoSEModel`, heads included, so the Trainer's DDP averages
+the heads' gradients with the encoder's once per optimizer step (accelerate's `no_sync` holds the
+earlier micro-batches back) and its `max_grad_norm` clip covers all of them. `SentenceTransformerTrainer`
+wraps and clips the `SentenceTransformer` alone, while `MoCoSELoss` keeps its heads itself.
+`HeadGradients` gives them the same semantics:
+
+1. At the end of the backward of the last micro-batch of an optimizer step, after DDP has averaged
+   the model's gradients, the heads' gradients are averaged over the processes in one all-reduce,
+   and the model's gradient norm is read, before the Trainer clips it.
+2. At `on_pre_optimizer_step`, after the Trainer clipped the model's gradients alone, every gradient
+   (model and heads) is rescaled so that the result is one clip of both together, torch's
+   `clip_grad_norm_` rule: g * min(1, max_grad_norm / (||(g_model, g_heads)|| + 1e-6)).
+
+The `grad_norm` the Trainer logs stays its own: the model's norm before clipping, heads excluded.
+The joint norm the clip used is `loss.callback.head_gradients.last_grad_norm`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from accelerate.state import GradientState
+from torch import Tensor, nn
+from torch.autograd import Variable
+from torch.nn.utils import get_total_norm
+
+from .callbacks import refuse_sharded_ema
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def refuse_unsupported_launch(args) -> None:
+    """One-line refusals before the first step: FSDP and DeepSpeed (they wrap, shard and clip the
+    model alone, not the heads and target the loss keeps), fp16 loss scaling under a gradient clip."""
+    from accelerate.state import AcceleratorState, is_initialized
+    from accelerate.utils import DistributedType
+
+    if is_initialized():
+        distributed_type = AcceleratorState().distributed_type
+        refuse_sharded_ema("MoCoSELoss", distributed_type == DistributedType.FSDP, None)
+        if distributed_type == DistributedType.DEEPSPEED:
+            raise ValueError("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the "
+                             "model it wraps, not those of the heads in the loss): launch with DDP.")
+    if getattr(args, "fp16", False) and args.max_grad_norm > 0:
+        raise ValueError(f"MoCoSELoss does not support fp16 with max_grad_norm={args.max_grad_norm} (its joint clip of "
+                         "model and heads reads the model's gradients while they still carry the loss scale): use "
+                         "bf16=True, or max_grad_norm=0.")
+
+
+def broadcast_from_first_rank(*modules: nn.Module) -> None:
+    """Every tensor of `modules` (parameters and buffers) set to rank 0's on every process."""
+    for module in modules:
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+def _after_backward(fn) -> None:
+    """Runs `fn` once the running backward pass has finished, after the callbacks queued during it.
+
+    The autograd engine runs its final callbacks in the order queued, and lets them queue more (torch's
+    DDP and FSDP use the same `queue_callback`). DDP queues its gradient averaging during the backward,
+    after a callback queued from a hook on the loss, so a second hop runs `fn` after DDP's.
+    """
+    engine = Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(fn))
+
+
+class HeadGradients:
+    """The heads' gradient averaging and the joint clip (the module docstring), for one run of a `MoCoSELoss`.
+
+    Attributes:
+        max_grad_norm: the Trainer's `max_grad_norm` (set at `on_train_begin`); <= 0 clips nothing.
+        last_grad_norm: the joint pre-clip norm of model and heads at the last optimizer step (0-dim
+            tensor, no host sync), or None.
+        reductions: all-reduces of head gradients so far (one per optimizer step under several processes).
+    """
+
+    def __init__(self):
+        self.max_grad_norm = 0.0
+        self.last_grad_norm: Tensor | None = None
+        self.reductions = 0
+        self._model_norm: Tensor | None = None
+
+    def watch(self, loss: Tensor, model: nn.Module, heads: nn.Module) -> None:
+        """Called by the loss with its training value: the backward of `loss` ends with `_finish_backward`."""
+        if loss.requires_grad:
+            loss.register_hook(lambda grad: _after_backward(partial(self._finish_backward, model, heads)))
+
+    def _finish_backward(self, model: nn.Module, heads: nn.Module) -> None:
+        if not GradientState().sync_gradients:  # an earlier micro-batch of the step: gradients keep accumulating
+            return
+        grads = [p.grad for p in heads.parameters() if p.grad is not None]
+        world = rank_and_world()[1]
+        if world > 1 and grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)  # SUM, then divide: gloo has no AVG
+            flat /= world
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
+            self.reductions += 1
+        if self.max_grad_norm > 0:
+            self._model_norm = get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+
+    def clip(self, model: nn.Module, heads: nn.Module) -> None:
+        """At `on_pre_optimizer_step`: turns the Trainer's clip of the model alone into a joint clip."""
+        if self.max_grad_norm <= 0:
+            return
+        if self._model_norm is None:
+            raise RuntimeError("MoCoSELoss found no gradient norm of this step: the loss that was backpropagated is "
+                               "not the value MoCoSELoss returned, so the heads cannot be clipped with the model.")
+        model_grads = [p.grad for p in model.parameters() if p.grad is not None]
+        head_grads = [p.grad for p in heads.parameters() if p.grad is not None]
+        model_norm = self._model_norm
+        head_norm = get_total_norm(head_grads).to(model_norm.device) if head_grads else torch.zeros_like(model_norm)
+        total = torch.linalg.vector_norm(torch.stack([model_norm, head_norm]))
+        joint = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+        applied = (self.max_grad_norm / (model_norm + 1e-6)).clamp(max=1.0)  # what the Trainer's clip did
+        if model_grads:
+            torch._foreach_mul_(model_grads, (joint / applied).to(model_grads[0].device))
+        if head_grads:
+            torch._foreach_mul_(head_grads, joint.to(head_grads[0].device))
+        self.last_grad_norm, self._model_norm = total, None
