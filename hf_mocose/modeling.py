@@ -28,6 +28,7 @@ from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
+from .sharding import local_shards
 
 # Attribute names that hold dropout probabilities in the common encoder configs.
 _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
@@ -209,6 +210,15 @@ class MoCoSEModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         init_head_weights(module, getattr(self.config.encoder_config, "initializer_range", 0.02))
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The online encoder's word embeddings (the target branch reads them too, see the module docstring).
+
+        accelerate's FSDP2 preparation asks every model for them (it shards them as their own unit)."""
+        return self.online_encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.online_encoder.set_input_embeddings(value)
+
     def head_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
         heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.uses_target else [])
@@ -238,7 +248,7 @@ class MoCoSEModel(PreTrainedModel):
         if not self.config.uses_target or self.online_pooler.weight.is_meta:
             return
         online_p, target_p, online_b, target_b = self.ema_parameter_pairs()
-        torch._foreach_copy_(target_p + target_b, online_p + online_b)
+        torch._foreach_copy_(local_shards(target_p + target_b), local_shards(online_p + online_b))
 
     def train(self, mode: bool = True) -> "MoCoSEModel":
         super().train(mode)

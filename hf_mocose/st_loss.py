@@ -43,11 +43,12 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .augmentation import FGSMPerturbation
-from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, refuse_sharded_ema, validate_ema_decay
+from .callbacks import EMATargetCallback, EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from .configuration import validate_method_hparams
 from .losses import ContrastiveLossOutput, info_nce_loss
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .queue import KeyQueue
+from .sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
@@ -89,16 +90,12 @@ def _word_embeddings(model: SentenceTransformer) -> nn.Module:
 
 
 def _check_unsharded() -> None:
-    """The same limit as `MoCoSETrainer`: no FSDP, no ZeRO-3 (`refuse_sharded_ema`)."""
+    """No FSDP (accelerate cannot map the heads' optimizer state onto a sharded model), no ZeRO-3
+    (`sharding.refuse_unsupported_sharding`); read from the accelerator, else from the launch environment."""
     from accelerate.state import AcceleratorState, is_initialized
-    from accelerate.utils import DistributedType
 
-    if not is_initialized():
-        return
-    state = AcceleratorState()
-    plugin = getattr(state, "deepspeed_plugin", None)
-    zero_stage = plugin.zero_stage if state.distributed_type == DistributedType.DEEPSPEED and plugin else None
-    refuse_sharded_ema("MoCoSELoss", state.distributed_type == DistributedType.FSDP, zero_stage)
+    sharding = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
+    refuse_unsupported_sharding("MoCoSELoss", *sharding, fsdp2_supported=False)
 
 
 def _parts(dataset) -> list:
@@ -180,6 +177,7 @@ class MoCoSELoss(nn.Module):
         if not temperature > 0:
             raise ValueError(f"temperature (tau) must be > 0, got {temperature!r}.")
         validate_ema_decay(ema_decay, ema_decay_end, ema_decay_horizon, names=("ema_decay", "ema_decay_end"))
+        _check_unsharded()  # an `accelerate launch` with FSDP fails inside prepare(), before begin_training
         self.fgsm = FGSMPerturbation(fgsm_mode, fgsm_epsilon, fgsm_views, fgsm_epsilon_unit)
         if self.fgsm.mode != "off":
             _word_embeddings(model)

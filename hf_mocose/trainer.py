@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from transformers import Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range, refuse_sharded_ema
+from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
 from .evaluation.trainer_sts import STSEvaluationMixin, stsb_dev_dataset
@@ -38,6 +38,7 @@ from .hub import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from .sharding import complete_sharded_save, configure_sharding
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
@@ -145,12 +146,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                 )
 
     def _check_sharding(self, config) -> None:
-        """The EMA target needs whole parameters on every rank (`refuse_sharded_ema`); SimCSE and IFCL
-        have no target and run anywhere."""
-        if not config.uses_target:
-            return
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
-        refuse_sharded_ema("method='mocose'", self.is_fsdp_enabled, plugin.zero_stage if plugin is not None else None)
+        """FSDP2 set-up, and a refusal of FSDP1 / ZeRO-3 for the EMA target (`sharding.configure_sharding`)."""
+        configure_sharding(self, config)
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
@@ -325,6 +322,11 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return capacity
 
     # ----------------------------------------------------------------- checkpoints
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`)."""
+        super().save_model(output_dir, _internal_call)
+        complete_sharded_save(self, output_dir or self.args.output_dir)
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.checkpoints`).
 
@@ -346,4 +348,5 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
         if self.fgsm.mode == "previous" and path.is_file():
-            self.fgsm.load_state_dict(torch.load(path, map_location=self.args.device))
+            device = self.args.device  # "cpu:N" under multi-process CPU runs, which torch.load cannot map to
+            self.fgsm.load_state_dict(torch.load(path, map_location="cpu" if device.type == "cpu" else device))

@@ -24,6 +24,7 @@ from .errors import run_command
 from .hub import publish_final_model
 from .modeling import MoCoSEModel
 from .sequence_length import inference_max_seq_length
+from .sharding import launch_sharding, refuse_unsupported_sharding
 from .trainer import MoCoSETrainer
 from .training_args import MoCoSETrainingArguments
 
@@ -197,19 +198,14 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
-    """Fails fast when `accelerate launch` asks for FSDP or ZeRO-3 with an EMA target (see docs/distributed.md).
+    """Fails fast when `accelerate launch` (or `--fsdp`) asks for a sharding the EMA target cannot follow:
+    FSDP1 or ZeRO-3 (FSDP2 is supported; see docs/distributed.md).
 
     The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
     launch environment is read before the model is built.
     """
-    if args.method != "mocose":
-        return
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") or args.fsdp:
-        raise ValueError("method='mocose' does not support FSDP yet (the EMA target needs unsharded parameters): "
-                         "launch with configs/accelerate/ddp.yaml or zero2.yaml.")
-    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
-        raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
-                         "unsharded parameters): use configs/accelerate/zero2.yaml or ddp.yaml.")
+    if args.method == "mocose":
+        refuse_unsupported_sharding(f"method={args.method!r}", *launch_sharding(args))
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
