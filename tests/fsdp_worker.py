@@ -1,6 +1,8 @@
 """Worker for tests/test_fsdp.py: MoCoSETrainer under accelerate's FSDP2 plugin, 2 CPU processes over gloo.
 
     torchrun --nproc_per_node 2 tests/fsdp_worker.py ENCODER OUT_DIR STS_DEV OPTIONS_JSON   (FSDP2, or DDP with "ddp")
+    accelerate launch --config_file configs/accelerate/fsdp2.yaml tests/fsdp_worker.py --train-script RECIPE ARGS...
+        (scripts/train.py itself, with the shim)
 
 TEST-ONLY SHIM (`enable_fsdp_on_cpu`): accelerate attaches its FSDP plugin only on accelerator devices;
 with `use_cpu` it leaves the distributed type at MULTI_CPU and the Trainer silently trains DDP. The shim
@@ -150,6 +152,11 @@ def losses_of(trainer):
 
 
 def main():
+    if sys.argv[1] == "--train-script":
+        enable_fsdp_on_cpu()
+        from hf_mocose.training import cli_main
+
+        sys.exit(cli_main(sys.argv[2:]))
     encoder, out_dir, sts_dev, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not options.get("ddp"):

@@ -1,7 +1,8 @@
 """MoCoSETrainer under FSDP2 (accelerate's plugin, `fully_shard`), 2 CPU processes over gloo, against DDP.
 
 The workers (tests/fsdp_worker.py) run under torchrun; FSDP on CPU needs the test-only shim described
-there (accelerate only attaches its FSDP plugin on accelerator devices). Three launches, shared by the tests:
+there (accelerate only attaches its FSDP plugin on accelerator devices). Three launches, shared by the tests
+(and one of scripts/train.py with configs/accelerate/fsdp2.yaml, last):
 
   - `sharded`: FSDP2, SHARDED_STATE_DICT (DCP) checkpoints, FGSM "previous", resumed from checkpoint-2,
     pushed to a fake Hub;
@@ -183,3 +184,32 @@ def test_push_from_a_sharded_run_equals_an_unsharded_push(sharded, unsharded, hu
             assert fsdp[name] == ddp[name], name
     export = sharded["dir"] / "sentence-transformers"
     assert (export / "model.safetensors").read_bytes() == fsdp["model.safetensors"]
+
+
+def test_fsdp2_config_runs_scripts_train_end_to_end(tiny_encoder, tmp_path, sts_dev):
+    """configs/accelerate/fsdp2.yaml as shipped (bf16, SHARDED_STATE_DICT) with the quickstart recipe through
+    scripts/train.py's main: DCP checkpoints that `--resume_from_checkpoint last` accepts, the best checkpoint
+    loaded back from DCP at the end, the final model saved whole and exported."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from hf_mocose.checkpoints import checkpoint_problems
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / "configs/accelerate/fsdp2.yaml"),
+           "--main_process_port", str(_free_port()), str(WORKER), "--train-script", str(repo / "training_args/quickstart.yaml"),
+           "--model_name_or_path", tiny_encoder, "--output_dir", str(out), "--stsb_dev_file", str(sts_dev),
+           "--max_train_samples", "64", "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2",
+           "--per_device_train_batch_size", "4", "--queue_size", "32", "--queue_init_size", "4", "--max_seq_length", "16",
+           "--use_cpu", "true"]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert (out / "sentence-transformers" / "modules.json").is_file(), f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
+    assert "Model saved to" in proc.stderr and "pytorch_model_fsdp_0" in proc.stderr  # accelerate's FSDP save ran
+    for step in (2, 4):
+        assert checkpoint_problems(out / f"checkpoint-{step}") == []  # complete: what `last` resumes from
+    best = json.loads((out / "trainer_state.json").read_text())["best_model_checkpoint"]
+    dcp_to_torch_save(Path(best) / "pytorch_model_fsdp_0", tmp_path / "best.pt")
+    best_state = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
+    final_state = load_file(out / "final" / "model.safetensors")
+    _assert_states_close(final_state, best_state, atol=0.0)  # every tensor: online, target, heads, queue
