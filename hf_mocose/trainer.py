@@ -7,7 +7,8 @@ The training loop is `transformers.Trainer`'s own. This class overrides only:
   - `get_eval_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev
     (`eval_stsb_spearman`, plus the Trainer's speed metrics) so `load_best_model_at_end` works;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume);
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `save_model` completes FSDP2
+    sharded saves (`hf_mocose.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
   - `push_to_hub`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds the
     sentence-transformers export, the MoCoSE model goes to `mocose/`, checkpoints to sub-folders.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.

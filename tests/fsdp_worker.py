@@ -11,9 +11,10 @@ plugin, its mixed precision). Everything after that is the real code path: `Trai
 -> `fsdp2_prepare_model` -> `fully_shard`, DCP / full state-dict checkpoints, `load_fsdp_model`.
 
 The global batch is 8 sentences whatever the number of processes. Options (JSON): `state_dict_type`,
-`fgsm_mode`, `optim`, `learning_rate`, `bf16` (mixed precision), `load_bf16` (parameters loaded in bf16, as `dtype=bfloat16` would),
-`ddp` (2 processes without FSDP: the unsharded reference), `resume` (also resume from checkpoint-2 into
-OUT_DIR/resumed and train to the end), `push_repo` (end with `trainer.push_to_hub()` to that repo, HF_ENDPOINT).
+`fgsm_mode`, `optim`, `learning_rate`, `bf16` (mixed precision), `load_bf16` (parameters loaded in bf16,
+as `dtype=bfloat16` would), `ddp` (2 processes without FSDP: the unsharded reference), `resume` (also
+resume from checkpoint-2 into OUT_DIR/resumed and train to the end), `push_repo` (end with
+`trainer.push_to_hub()` to that repo at HF_ENDPOINT).
 Each rank writes rank{r}.pt: losses, the full state (gathered), its own queue, the EMA checks, the layout.
 """
 
