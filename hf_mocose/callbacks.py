@@ -4,6 +4,8 @@ Runs once per optimizer step (after `optimizer.step()`), never inside `forward`:
 accumulation a `forward`-time update would run once per micro-batch, and on stray forwards (eval).
 One implementation serves both front ends: `MoCoSEModel` (for `MoCoSETrainer`) and `MoCoSELoss`
 (for `SentenceTransformerTrainer`) each describe their online/target pairs with `ema_tensor_pairs`.
+Under FSDP2 the pairs are collected again once the model is sharded and the EMA interpolates each
+rank's local shards, with no communication (`hf_mocose.sharding`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from transformers import TrainerCallback
+
+from .sharding import check_twin_layout, is_sharded, local_shards
 
 # The reference code (xbdxwyh/mocose, class EMA) ramps eta over this many steps whatever the run length.
 REFERENCE_EMA_HORIZON = 15000
@@ -37,7 +41,8 @@ def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: 
 
     Parameters are paired by name; floating buffers that both modules have are paired too (they
     are copied, not interpolated). Tensors in `skip` (e.g. word embeddings both branches share)
-    are left out.
+    are left out. Each pair must be laid out alike (`sharding.check_twin_layout`): both unsharded,
+    or both FSDP2 `DTensor`s sharded the same way.
 
     Returns:
         `(online_params, target_params, online_buffers, target_buffers)`.
@@ -48,6 +53,7 @@ def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: 
         target_named = dict(target.named_parameters())
         for name, param in online.named_parameters():
             if id(param) not in skipped:
+                check_twin_layout(name, param, target_named[name])
                 online_params.append(param)
                 target_params.append(target_named[name])
         target_named_buffers = dict(target.named_buffers())
@@ -82,26 +88,14 @@ def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: in
     return min(start, last), max(start, last)
 
 
-def refuse_sharded_ema(owner: str, fsdp: bool, zero_stage: int | None) -> None:
-    """The EMA target keeps references to whole parameters: refuses FSDP and DeepSpeed ZeRO-3.
-
-    They shard and replace parameters, so the EMA would interpolate emptied tensors and the target
-    would silently stop following the online branch (docs/distributed.md). DDP and ZeRO-1/2 keep
-    parameters whole. `owner` names what refuses (e.g. "method='mocose'", "MoCoSELoss").
-    """
-    if fsdp:
-        raise ValueError(f"{owner} does not support FSDP yet (the EMA target needs unsharded parameters): "
-                         "launch with DDP or DeepSpeed ZeRO-1/2 (configs/accelerate/ddp.yaml, zero2.yaml).")
-    if zero_stage == 3:
-        raise ValueError(f"{owner} does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs unsharded "
-                         "parameters): use zero_stage 1 or 2 (configs/accelerate/zero2.yaml) or DDP.")
-
-
 class EMATargetCallback(TrainerCallback):
     """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
 
-    Parameters are interpolated with one fused `torch._foreach_lerp_` over flat tensor lists built
-    once; floating buffers are copied. The decay follows `ema_decay_at(global_step)`.
+    Parameters are interpolated with one fused `torch._foreach_lerp_` over flat tensor lists; floating
+    buffers are copied. The decay follows `ema_decay_at(global_step)`. The lists are built at
+    construction and again at `on_train_begin`, after `accelerator.prepare()`: FSDP2 replaces the
+    parameters by `DTensor`s, whose local shards (`sharding.local_shards`) are then interpolated in
+    place, each rank its own, with no communication (the target is sharded like the online branch).
 
     Args:
         model: what owns both branches and names their pairs with `ema_parameter_pairs()`: the
@@ -117,10 +111,17 @@ class EMATargetCallback(TrainerCallback):
         self.last_decay: float | None = None
 
     def bind(self, model) -> None:
-        """(Re)reads the pairs `model.ema_parameter_pairs()` names, e.g. after its online model was replaced."""
-        online_p, target_p, online_b, target_b = model.ema_parameter_pairs()
+        """(Re)binds to `model` and reads the pairs its `ema_parameter_pairs()` names, e.g. after its online model
+        was replaced (`MoCoSELoss` under `model_init`)."""
+        self._owner = model
+        self.collect_pairs()
+
+    def collect_pairs(self) -> None:
+        """(Re)reads the owner's online/target tensor pairs, e.g. once FSDP2 has replaced the parameters."""
+        online_p, target_p, online_b, target_b = self._owner.ema_parameter_pairs()
         self._online_params, self._target_params = online_p, target_p
         self._online_buffers, self._target_buffers = online_b, target_b
+        self._sharded = any(is_sharded(t) for t in online_p)
 
     def decay_at(self, step: int, total_steps: int) -> float:
         return ema_decay_at(step, total_steps, self.decay_start, self.decay_end, self.horizon)
@@ -129,10 +130,16 @@ class EMATargetCallback(TrainerCallback):
     def update(self, decay: float) -> None:
         """One EMA step with decay `decay`."""
         # lerp_(online, w): target += w * (online - target), i.e. eta*target + (1-eta)*online for w = 1-eta.
-        torch._foreach_lerp_(self._target_params, self._online_params, 1.0 - decay)
+        target, online = self._target_params, self._online_params
+        if self._sharded:  # local shards, looked up at each step: FSDP2 may re-point them (e.g. on a state-dict load)
+            target, online = local_shards(target), local_shards(online)
+        torch._foreach_lerp_(target, online, 1.0 - decay)
         if self._target_buffers:
             torch._foreach_copy_(self._target_buffers, self._online_buffers)
         self.last_decay = decay
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.collect_pairs()  # after accelerator.prepare(): the parameters FSDP2 put in place
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.update(self.decay_at(state.global_step, state.max_steps))

@@ -35,6 +35,7 @@ from .heads import build_predictor, build_projection, head_linear, init_head_wei
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
 from .sequence_length import sentence_transformers_max_seq_length
+from .sharding import local_shards
 
 # Attribute names that hold dropout probabilities in the common encoder configs.
 # `from_pretrained` keywords that say where config.json is (the rest are for loading weights).
@@ -243,7 +244,9 @@ class MoCoSEModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- word embeddings
     def get_input_embeddings(self) -> nn.Module:
-        """The online encoder's word embeddings `(V, H)`: the only table both branches read (see the module docstring)."""
+        """The online encoder's word embeddings `(V, H)`: the only table both branches read (see the module docstring).
+
+        accelerate's FSDP2 preparation asks every model for them (it shards them as their own unit)."""
         return self.online_encoder.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
@@ -310,7 +313,7 @@ class MoCoSEModel(PreTrainedModel):
         if not self.config.uses_target or self.online_pooler.weight.is_meta:
             return
         online_p, target_p, online_b, target_b = self.ema_parameter_pairs()
-        torch._foreach_copy_(target_p + target_b, online_p + online_b)
+        torch._foreach_copy_(local_shards(target_p + target_b), local_shards(online_p + online_b))
 
     def train(self, mode: bool = True) -> "MoCoSEModel":
         super().train(mode)

@@ -31,7 +31,7 @@ from .losses import ContrastiveLossOutput, info_nce_loss
 from .queue import KeyQueue
 from .st_loss_callback import MoCoSELossCallback, check_training_data
 from .st_loss_checkpoint import load_loss_state, save_loss_state
-from .st_loss_distributed import rank_and_world
+from .st_loss_distributed import rank_and_world, refuse_sharded_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
 RENAMED_ARGUMENTS = {"ema_decay": "ema_decay_start", "temperature": "contrastive_temperature"}
@@ -187,6 +187,7 @@ class MoCoSELoss(nn.Module):
                              f"{first}). Build it around a transformers encoder: "
                              "SentenceTransformer(modules=[Transformer(...), Pooling(...)]).")
         s = self.settings
+        refuse_sharded_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
         self.fgsm = FGSMPerturbation(s["fgsm_mode"], s["fgsm_epsilon"], s["fgsm_views"], s["fgsm_epsilon_unit"])
         if self.fgsm.mode != "off":
             _word_embeddings(model)

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
-from .callbacks import refuse_sharded_ema
+from .sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -37,16 +37,25 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+def refuse_sharded_launch() -> None:
+    """No FSDP of any version (accelerate's FSDP2 `prepare()` cannot map the optimizer state of the heads, which
+    live in the loss, onto the sharded model) and no ZeRO-3 (`sharding.refuse_unsupported_sharding`); read from
+    the accelerator, else from the launch environment (also when the loss is built, before `prepare()`)."""
+    from accelerate.state import AcceleratorState, is_initialized
+
+    sharding = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
+    refuse_unsupported_sharding("MoCoSELoss", *sharding, fsdp2_supported=False)
+
+
 def refuse_unsupported_launch(args) -> None:
-    """One-line refusals before the first step: FSDP and DeepSpeed (they wrap, shard and clip the
-    model alone, not the heads and target the loss keeps), fp16 loss scaling under a gradient clip."""
+    """One-line refusals before the first step: FSDP (`refuse_sharded_launch`) and DeepSpeed (they wrap, shard
+    and clip the model alone, not the heads and target the loss keeps), fp16 loss scaling under a gradient clip."""
     from accelerate.state import AcceleratorState, is_initialized
     from accelerate.utils import DistributedType
 
+    refuse_sharded_launch()
     if is_initialized():
-        distributed_type = AcceleratorState().distributed_type
-        refuse_sharded_ema("MoCoSELoss", distributed_type == DistributedType.FSDP, None)
-        if distributed_type == DistributedType.DEEPSPEED:
+        if AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
             raise ValueError("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the "
                              "model it wraps, not those of the heads in the loss): launch with DDP.")
     if getattr(args, "fp16", False) and args.max_grad_norm > 0:

@@ -11,7 +11,8 @@ trainers take them). This class overrides only:
     `load_best_model_at_end` works; `predict` gives pair similarities or sentence embeddings;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
   - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json`
-    (what the model card reads, so it never unpickles `training_args.bin`);
+    (what the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
+    saves (`hf_mocose.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
   - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
     the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
     sub-folders; `Trainer.push_to_hub`'s keywords reach the card.
@@ -35,7 +36,7 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
 from .augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range, refuse_sharded_ema
+from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
 from .hub_publishing import HubPublishingMixin
@@ -43,6 +44,7 @@ from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .model_card_facts import save_card_training_args
 from .modeling import MoCoSEModel, MoCoSEOutput
 from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from .sharding import complete_sharded_save, configure_sharding
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .trainer_inputs import prepare_trainer_inputs
 from .trainer_switches import check_trainer_switches
@@ -168,12 +170,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                 )
 
     def _check_sharding(self, config) -> None:
-        """The EMA target needs whole parameters on every rank (`refuse_sharded_ema`); SimCSE and IFCL
-        have no target and run anywhere."""
-        if not config.uses_target:
-            return
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
-        refuse_sharded_ema("method='mocose'", self.is_fsdp_enabled, plugin.zero_stage if plugin is not None else None)
+        """FSDP2 set-up, and a refusal of FSDP1 / ZeRO-3 for the EMA target (`sharding.configure_sharding`)."""
+        configure_sharding(self, config)
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
@@ -352,6 +350,11 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return capacity
 
     # ----------------------------------------------------------------- checkpoints
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`)."""
+        super().save_model(output_dir, _internal_call)
+        complete_sharded_save(self, output_dir or self.args.output_dir)
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.checkpoints`).
 

@@ -23,6 +23,7 @@ from .data import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
 from .hub_publishing import publish_final_model
 from .sequence_length import inference_max_seq_length
+from .sharding import launch_sharding, refuse_unsupported_sharding
 from .trainer import MoCoSETrainer
 from .trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
 from .training_args import MoCoSETrainingArguments
@@ -145,19 +146,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 
 
 def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
-    """Fails fast when `accelerate launch` asks for FSDP or ZeRO-3 with an EMA target (see docs/distributed.md).
+    """Fails fast when `accelerate launch` (or `--fsdp`) asks for a sharding the EMA target cannot follow:
+    FSDP1 or ZeRO-3 (FSDP2 is supported; see docs/distributed.md).
 
     The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
     launch environment is read before the model is built.
     """
-    if args.method != "mocose":
-        return
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") or args.fsdp:
-        raise ValueError("method='mocose' does not support FSDP yet (the EMA target needs unsharded parameters): "
-                         "launch with configs/accelerate/ddp.yaml or zero2.yaml.")
-    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
-        raise ValueError("method='mocose' does not support DeepSpeed ZeRO stage 3 yet (the EMA target needs "
-                         "unsharded parameters): use configs/accelerate/zero2.yaml or ddp.yaml.")
+    if args.method == "mocose":
+        refuse_unsupported_sharding(f"method={args.method!r}", *launch_sharding(args))
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:

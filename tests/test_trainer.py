@@ -78,16 +78,6 @@ def test_final_evaluate_with_evaluation_off_during_training(tiny_encoder, tmp_pa
     assert {"eval_stsb_spearman", "eval_stsb_pearson"} <= set(trainer.evaluate())
 
 
-def test_sharded_strategies_are_refused_for_mocose(tiny_encoder, tmp_path):
-    trainer = make_trainer(tiny_encoder, tmp_path)
-    trainer.is_fsdp_enabled = True
-    with pytest.raises(ValueError, match="does not support FSDP"):
-        trainer._check_sharding(trainer.model.config)
-    simcse = make_trainer(tiny_encoder, tmp_path / "simcse", method="simcse")
-    simcse.is_fsdp_enabled = True
-    simcse._check_sharding(simcse.model.config)  # no target: nothing to refuse
-
-
 def test_resume_gives_same_next_losses(tiny_encoder, tmp_path):
     common = dict(max_steps=6, save_strategy="steps", save_steps=3, fgsm_epsilon=1e-2)
     full = make_trainer(tiny_encoder, tmp_path / "full", **common)

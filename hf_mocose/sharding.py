@@ -1,0 +1,214 @@
+"""Sharded training with an EMA target: FSDP2 is supported, FSDP1 and DeepSpeed ZeRO-3 are refused.
+
+Under FSDP2 (`torch.distributed.fsdp.fully_shard`, as accelerate's FSDP plugin applies it with
+`fsdp_version: 2`) every parameter becomes a `DTensor` sharded on dim 0 (`Shard(0)`) over the
+mesh. The target encoder and target heads have the exact structure of their online twins, so
+accelerate shards each target tensor like its twin: same mesh, same placements, the same rows on
+each rank, whichever FSDP unit holds it. The EMA therefore needs no communication at all: it
+interpolates each rank's *local* shards in place (`local_shards`), on the sharded fp32 master
+weights the optimizer has just updated. `check_twin_layout` refuses a pair that is not laid out
+like that (e.g. a target left unsharded), naming the parameter.
+
+What else this module does for `MoCoSETrainer` (`configure_sharding`, called once in `__init__`):
+  - refuses what the EMA cannot follow (`refuse_unsupported_sharding`): FSDP1 (flat parameters)
+    and ZeRO-3 (emptied parameters, fp32 masters inside the optimizer), pointing to FSDP2;
+  - under mixed precision, makes the target fp32 like the online master weights accelerate keeps;
+  - adds `ShardedModelCallback`: after `accelerator.prepare()`, `embed` (evaluation) becomes an FSDP
+    forward method and the replicated buffers (the key queue) start from rank 0's;
+  - `save_model` under `SHARDED_STATE_DICT` (`complete_sharded_save`): a checkpoint folder gets the
+    config and tokenizer beside accelerate's DCP folder, and any other folder (the final model, what
+    export and push read) gets the full weights, as with `FULL_STATE_DICT`.
+The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+try:  # torch >= 2.4
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - older torch has no FSDP2 either
+    DTensor = None
+
+FSDP2_CONFIG = "configs/accelerate/fsdp2.yaml"
+EMBED_METHOD = "embed"
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a `DTensor` (an FSDP2 parameter)."""
+    return DTensor is not None and isinstance(tensor, DTensor)
+
+
+def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's local part: a `DTensor`'s local shard (the storage FSDP2 and the optimizer update,
+    so in-place ops on it change the parameter), any other tensor as it is. No communication."""
+    with torch.no_grad():  # to_local() then returns the local tensor itself, not an autograd view
+        return [t.to_local() if is_sharded(t) else t for t in tensors]
+
+
+def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> None:
+    """Raises a `ValueError` naming `name` unless `target` is laid out like `online`, so that their local
+    shards pair up element for element: both unsharded, or both `DTensor`s on the same mesh with the same
+    placements and local shape."""
+    if is_sharded(online) != is_sharded(target):
+        which = "online" if is_sharded(online) else "target"
+        raise ValueError(
+            f"EMA pair {name!r}: only the {which} tensor is sharded (FSDP2). The target must be sharded like the "
+            "online branch (the same fully_shard calls on both), or neither."
+        )
+    if is_sharded(online):
+        if online.device_mesh != target.device_mesh or online.placements != target.placements:
+            raise ValueError(
+                f"EMA pair {name!r} is sharded differently: online {online.placements} on {online.device_mesh}, "
+                f"target {target.placements} on {target.device_mesh}. Shard both with the same mesh and placements."
+            )
+        if online.to_local().shape != target.to_local().shape:
+            raise ValueError(f"EMA pair {name!r}: local shards of shape {tuple(online.to_local().shape)} (online) "
+                             f"and {tuple(target.to_local().shape)} (target) do not pair up.")
+
+
+def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
+                                fsdp2_supported: bool = True) -> None:
+    """Refuses the sharding strategies the EMA target cannot follow, before any training step.
+
+    Args:
+        owner: what refuses, for the message (e.g. "method='mocose'", "MoCoSELoss").
+        fsdp_version: 1 or 2 under FSDP, None otherwise.
+        zero_stage: the DeepSpeed ZeRO stage, None without DeepSpeed.
+        fsdp2_supported: False for a front end that cannot run under FSDP2 either (`MoCoSELoss`).
+    """
+    if fsdp_version is not None and not (fsdp_version == 2 and fsdp2_supported):
+        if not fsdp2_supported:
+            raise ValueError(
+                f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the sharded "
+                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP or "
+                "DeepSpeed ZeRO-1/2, or shard with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
+            )
+        raise ValueError(
+            f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot follow): "
+            f"use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP / DeepSpeed ZeRO-1/2."
+        )
+    if zero_stage == 3:
+        raise ValueError(
+            f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target interpolates): "
+            f"shard with FSDP2 instead ({FSDP2_CONFIG}), or use zero_stage 1 or 2 (configs/accelerate/zero2.yaml)."
+        )
+
+
+def accelerator_sharding(state) -> tuple[int | None, int | None]:
+    """`(fsdp_version, zero_stage)` of an `AcceleratorState` (None for what is not in use)."""
+    from accelerate.utils import DistributedType
+
+    plugin = getattr(state, "fsdp_plugin", None)
+    fsdp_version = getattr(plugin, "fsdp_version", 1) if state.distributed_type == DistributedType.FSDP else None
+    deepspeed = getattr(state, "deepspeed_plugin", None) if state.distributed_type == DistributedType.DEEPSPEED else None
+    return fsdp_version, (deepspeed.zero_stage if deepspeed is not None else None)
+
+
+def launch_sharding(args=None) -> tuple[int | None, int | None]:
+    """`(fsdp_version, zero_stage)` that `accelerate launch` (its environment) or the training arguments
+    (`fsdp`, `fsdp_config`) ask for, read before any model is built."""
+    fsdp_version = zero_stage = None
+    plugin_args = getattr(args, "fsdp_plugin_args", None) if args is not None else None
+    if plugin_args:
+        fsdp_version = int(plugin_args.get("fsdp_version", 1))
+    elif os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        fsdp_version = int(os.environ.get("FSDP_VERSION", "1"))  # accelerate's own default
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true") or "ACCELERATE_DEEPSPEED_ZERO_STAGE" in os.environ:
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        zero_stage = int(stage) if stage and stage.isdigit() else None
+    return fsdp_version, zero_stage
+
+
+def match_target_to_master_weights(model: nn.Module) -> list[str]:
+    """Under FSDP2 with mixed precision accelerate keeps the *trainable* parameters as fp32 masters (it
+    upcasts them in `prepare`) but not the frozen ones; this upcasts the target's floating tensors to fp32
+    too, before `prepare`, so the EMA runs in fp32 on both. Returns the names it changed."""
+    changed = []
+    for prefix, module in zip(("target_encoder", "target_pooler", "target_projection"), model.target_modules()):
+        for name, param in module.named_parameters():
+            if param.is_floating_point() and param.dtype != torch.float32:
+                param.data = param.data.float()
+                changed.append(f"{prefix}.{name}")
+    return changed
+
+
+class ShardedModelCallback(TrainerCallback):
+    """What a model sharded by FSDP2 needs once `accelerator.prepare()` has sharded it (`on_train_begin`):
+
+    - `embed` (the evaluation path, which bypasses `forward`) becomes an FSDP forward method, so its
+      call gathers the root's parameters as `forward` does;
+    - the buffers that stay replicated (the key queue) are broadcast from rank 0, as DDP does at wrap
+      time, so every rank starts from the same queue (FSDP2 syncs nothing at wrap time).
+    """
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+        if not isinstance(model, FSDPModule):
+            return
+        if not getattr(model, "_hf_mocose_fsdp_embed", False):
+            register_fsdp_forward_method(model, EMBED_METHOD)
+            model._hf_mocose_fsdp_embed = True
+        broadcast_replicated_buffers(model)
+
+
+def broadcast_replicated_buffers(model: nn.Module, src: int = 0) -> None:
+    """Copies rank `src`'s unsharded buffers to every rank (no-op without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for buffer in model.buffers():
+        if not is_sharded(buffer):
+            dist.broadcast(buffer, src=src)
+
+
+def configure_sharding(trainer, config) -> None:
+    """`MoCoSETrainer.__init__`'s sharding set-up (see the module docstring); a no-op without FSDP/DeepSpeed."""
+    fsdp_version, zero_stage = accelerator_sharding(trainer.accelerator.state)
+    if config.uses_target:
+        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage)
+    if fsdp_version == 2:
+        if config.uses_target and trainer.accelerator.mixed_precision != "no":
+            match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
+        trainer.add_callback(ShardedModelCallback())
+
+
+def uses_sharded_state_dict(trainer) -> bool:
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    return plugin is not None and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
+
+def complete_sharded_save(trainer, output_dir: str) -> None:
+    """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
+
+    - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
+      training_args.bin and training_args.json (the card's) beside the DCP folder, so the checkpoint is
+      recognised and checked on resume;
+    - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
+      saves them, so export and push read a plain `save_pretrained` folder.
+    Runs on every process (the gather is collective). A no-op for other set-ups.
+    """
+    if not uses_sharded_state_dict(trainer):
+        return
+    if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
+        if trainer.args.should_save:
+            from transformers.trainer import TRAINING_ARGS_NAME
+
+            os.makedirs(output_dir, exist_ok=True)
+            trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(output_dir)
+            if trainer.processing_class is not None:
+                trainer.processing_class.save_pretrained(output_dir)
+            torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+            from .model_card_facts import save_card_training_args
+
+            save_card_training_args(trainer.args, output_dir)
+        return
+    trainer._save(output_dir, state_dict=trainer.accelerator.get_state_dict(trainer.model))

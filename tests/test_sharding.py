@@ -1,0 +1,203 @@
+"""hf_mocose.sharding in one process: what is refused, the target's dtype, the save split, and FSDP2 on a
+world of one (gloo, in this process) for the EMA's local shards. The 2-process runs are in test_fsdp.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hf_mocose import MoCoSEModel
+from hf_mocose.callbacks import EMATargetCallback
+from hf_mocose.sharding import (
+    ShardedModelCallback,
+    check_twin_layout,
+    complete_sharded_save,
+    configure_sharding,
+    local_shards,
+    match_target_to_master_weights,
+)
+
+
+@pytest.fixture
+def tiny_model(tiny_encoder):
+    return MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
+
+
+def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no"):
+    state = SimpleNamespace(
+        distributed_type=distributed_type,
+        fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None,
+        deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage else None,
+    )
+    callbacks = []
+    accelerator = SimpleNamespace(state=state, mixed_precision=mixed_precision, unwrap_model=lambda m: m)
+    return SimpleNamespace(accelerator=accelerator, model=model, add_callback=callbacks.append, callbacks=callbacks)
+
+
+@pytest.mark.parametrize("kind, version, stage, message", [
+    ("FSDP", 1, None, "does not support FSDP version 1.*fsdp2.yaml"),
+    ("DEEPSPEED", None, 3, "does not support DeepSpeed ZeRO stage 3.*FSDP2.*fsdp2.yaml"),
+])
+def test_what_the_ema_target_cannot_follow_is_refused(tiny_model, kind, version, stage, message):
+    from accelerate.utils import DistributedType
+
+    trainer = _fake_trainer(tiny_model, DistributedType[kind], version, stage)
+    with pytest.raises(ValueError, match=message):
+        configure_sharding(trainer, tiny_model.config)
+
+
+@pytest.mark.parametrize("kind, version, stage", [("FSDP", 2, None), ("DEEPSPEED", None, 2), ("MULTI_CPU", None, None)])
+def test_fsdp2_zero2_and_ddp_are_accepted(tiny_model, kind, version, stage):
+    from accelerate.utils import DistributedType
+
+    trainer = _fake_trainer(tiny_model, DistributedType[kind], version, stage)
+    configure_sharding(trainer, tiny_model.config)
+    assert [type(c) for c in trainer.callbacks] == ([ShardedModelCallback] if version == 2 else [])
+
+
+def test_simcse_has_no_target_and_is_not_refused(tiny_encoder):
+    from accelerate.utils import DistributedType
+
+    model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", queue_size=8, queue_init_size=2)
+    configure_sharding(_fake_trainer(model, DistributedType.FSDP, fsdp_version=1), model.config)
+
+
+def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_model):
+    """accelerate upcasts only trainable parameters to fp32 masters; the frozen target follows, so the EMA runs in fp32."""
+    from accelerate.utils import DistributedType
+
+    for param in tiny_model.parameters():
+        param.data = param.data.to(torch.bfloat16)
+    configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, mixed_precision="bf16"), tiny_model.config)
+    dtypes = {name.split(".")[0]: p.dtype for name, p in tiny_model.named_parameters()}
+    assert dtypes["target_encoder"] == dtypes["target_pooler"] == dtypes["target_projection"] == torch.float32
+    assert dtypes["online_encoder"] == torch.bfloat16  # accelerate's own prepare() upcasts these
+    assert match_target_to_master_weights(tiny_model) == []  # nothing left to change
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, None),
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP version 1"),  # accelerate's default version
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, None),
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
+])
+def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, message):
+    from hf_mocose.training import refuse_sharded_launch
+
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = SimpleNamespace(method="mocose", fsdp_plugin_args=None)
+    if message is None:
+        refuse_sharded_launch(args)
+    else:
+        with pytest.raises(ValueError, match=message):
+            refuse_sharded_launch(args)
+    refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))  # no target: never refused
+
+
+def test_fsdp_training_arguments_are_read_too(tmp_path):
+    from conftest import tiny_training_args
+    from hf_mocose.training import refuse_sharded_launch
+
+    refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 2}))
+    with pytest.raises(ValueError, match="FSDP version 1"):
+        refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 1}))
+
+
+def test_mocose_loss_refuses_an_fsdp_launch_when_built(tiny_encoder, monkeypatch):
+    """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook: refuse first."""
+    import accelerate.state
+
+    from conftest import tiny_sentence_transformer
+    from hf_mocose import MoCoSELoss
+
+    monkeypatch.setattr(accelerate.state, "is_initialized", lambda: False)  # as in a fresh `accelerate launch`
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="MoCoSELoss does not support FSDP.*MoCoSETrainer"):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder))
+
+
+def test_input_embeddings_are_the_online_word_embeddings(tiny_model):
+    """accelerate's FSDP2 preparation calls get_input_embeddings() on every model."""
+    assert tiny_model.get_input_embeddings() is tiny_model.online_encoder.embeddings.word_embeddings
+
+
+def test_sharded_state_dict_saves_split_checkpoints_from_final_models(tiny_model, tiny_encoder, tmp_path):
+    """SHARDED_STATE_DICT: a checkpoint gets config + tokenizer beside the DCP folder; the final model its full weights."""
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSETrainingArguments
+
+    saved = []
+    plugin = SimpleNamespace(state_dict_type="StateDictType.SHARDED_STATE_DICT")
+    args = MoCoSETrainingArguments(output_dir=str(tmp_path), report_to="none")
+    trainer = SimpleNamespace(
+        is_fsdp_enabled=True, state=SimpleNamespace(global_step=2), args=args,
+        processing_class=AutoTokenizer.from_pretrained(tiny_encoder), model=tiny_model,
+        accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), unwrap_model=lambda m: m,
+                                    get_state_dict=lambda m: {"gathered": torch.ones(1)}),
+        _save=lambda output_dir, state_dict: saved.append((output_dir, state_dict)),
+    )
+    complete_sharded_save(trainer, str(tmp_path / "checkpoint-2"))
+    written = {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
+    assert {"config.json", "tokenizer.json", "training_args.bin", "training_args.json"} <= written
+    assert saved == []
+    complete_sharded_save(trainer, str(tmp_path / "final"))
+    assert [d for d, _ in saved] == [str(tmp_path / "final")] and "gathered" in saved[0][1]
+    plugin.state_dict_type = "StateDictType.FULL_STATE_DICT"  # Trainer.save_model saves those itself
+    complete_sharded_save(trainer, str(tmp_path / "other"))
+    assert len(saved) == 1 and not (tmp_path / "other").exists()
+
+
+# ----------------------------------------------------------------- FSDP2 on a world of one (this process)
+@pytest.fixture
+def mesh(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_twin_layout_is_checked(mesh):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    sharded = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+    check_twin_layout("w", sharded, distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]))
+    check_twin_layout("w", torch.zeros(2), torch.zeros(2))
+    with pytest.raises(ValueError, match="'w': only the online tensor is sharded"):
+        check_twin_layout("w", sharded, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="'w' is sharded differently"):
+        check_twin_layout("w", sharded, distribute_tensor(torch.randn(4, 3), mesh, [Replicate()]))
+    (local,) = local_shards([sharded])
+    assert not local.requires_grad and local.data_ptr() == sharded._local_tensor.data_ptr()
+
+
+def test_ema_callback_built_before_fully_shard_updates_the_sharded_target(mesh, tiny_model):
+    """As in MoCoSETrainer: the callback is built before prepare(); on_train_begin re-reads the DTensor parameters."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    callback = EMATargetCallback(tiny_model, 0.5, 0.5)
+    for layer in [*tiny_model.online_encoder.encoder.layer, *tiny_model.target_encoder.encoder.layer]:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(tiny_model, mesh=mesh)
+    callback.on_train_begin(None, None, None)
+    online, target = callback._online_params, callback._target_params
+    assert len(online) == len(target) > 0 and all(type(t).__name__ == "DTensor" for t in online + target)
+    before = [t.to_local().clone() for t in target]
+    for tensor in local_shards(online):
+        tensor.zero_()
+    with CommDebugMode() as comm:
+        callback.update(0.5)
+    assert comm.get_total_counts() == 0
+    for old, new in zip(before, local_shards(target)):
+        assert torch.equal(new, old * 0.5)
