@@ -19,63 +19,22 @@ step instead of averaged. The queue (`KeyQueue`) and the target weights are pers
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers import AutoConfig, AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .callbacks import EMATensorPairs, ema_tensor_pairs
-from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig, base_model_id
+from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
-from .sequence_length import sentence_transformers_max_seq_length
+from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
+                           set_encoder_dropout, start_from_pretrained)
 from .sharding import local_shards
-
-# Attribute names that hold dropout probabilities in the common encoder configs.
-# `from_pretrained` keywords that say where config.json is (the rest are for loading weights).
-CONFIG_LOCATION_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "trust_remote_code",
-                          "force_download", "proxies")
-_DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
-
-
-def check_is_encoder(config: PretrainedConfig, name: str = "") -> None:
-    """Raises a `ValueError` unless `config` describes a bidirectional (masked-LM style) encoder."""
-    model_type = getattr(config, "model_type", None)
-    if (
-        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-        or getattr(config, "is_encoder_decoder", False)
-        or getattr(config, "is_decoder", False)
-    ):
-        raise ValueError(
-            f"{name or 'The model'} (model_type={model_type!r}) is not a bidirectional encoder. MoCoSE needs an "
-            "encoder such as BERT, RoBERTa, DistilBERT or MiniLM (a model type with a masked-LM head, not a "
-            "decoder or an encoder-decoder)."
-        )
-
-
-def set_encoder_dropout(config: PretrainedConfig, rate: float | None) -> None:
-    """Sets every dropout probability the encoder config has to `rate` (None leaves them alone)."""
-    if rate is None:
-        return
-    for attribute in _DROPOUT_ATTRIBUTES:
-        if isinstance(getattr(config, attribute, None), float):
-            setattr(config, attribute, rate)
-
-
-def _build_encoder(config: PretrainedConfig) -> PreTrainedModel:
-    encoder = AutoModel.from_config(config)
-    # The MoCoSE pooler replaces the checkpoint's own (Linear + tanh) pooler; an unused pooler would
-    # also break DDP with find_unused_parameters=False.
-    if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None
-    return encoder
-
 
 @dataclass
 class MoCoSEOutput(ModelOutput):
@@ -129,12 +88,12 @@ class MoCoSEModel(PreTrainedModel):
         set_encoder_dropout(config.encoder_config, config.encoder_dropout)
         hidden, dropout, init = config.hidden_size, config.head_dropout, config.head_init
         key_dim = config.key_dim  # keys, queries and queue: projection_dim (the reference's out_size) or hidden
-        self.online_encoder = _build_encoder(config.encoder_config)
+        self.online_encoder = build_encoder(config.encoder_config)
         self.online_pooler = head_linear(hidden, hidden, init)
         self.online_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
         if config.uses_target:
             self.predictor = build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init)
-            self.target_encoder = _build_encoder(config.encoder_config)
+            self.target_encoder = build_encoder(config.encoder_config)
             self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
             self.target_pooler = head_linear(hidden, hidden, init)
             self.target_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
@@ -164,16 +123,7 @@ class MoCoSEModel(PreTrainedModel):
         word vectors as the fraternal table (lifted to its hidden size when its embeddings are factorised, as
         ALBERT's: `hf_mocose.fraternal`).
         """
-        if isinstance(encoder_name_or_path, PreTrainedModel):
-            pretrained = encoder_name_or_path.base_model
-            name = getattr(pretrained.config, "_name_or_path", "") or ""
-            encoder_config = copy.deepcopy(pretrained.config)  # the caller's model keeps its own config
-            check_is_encoder(encoder_config, name or type(encoder_name_or_path).__name__)
-        else:
-            name = str(encoder_name_or_path)
-            encoder_config = AutoConfig.from_pretrained(encoder_name_or_path)
-            check_is_encoder(encoder_config, name)
-            pretrained = AutoModel.from_pretrained(encoder_name_or_path)
+        pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
             from .fraternal import fraternal_word_vectors
@@ -186,22 +136,7 @@ class MoCoSEModel(PreTrainedModel):
         if fraternal is not None:
             with torch.no_grad():
                 model.fraternal_embeddings.weight.copy_(fraternal)
-        pooler_dense = getattr(getattr(pretrained, "pooler", None), "dense", None)
-        if isinstance(pooler_dense, nn.Linear):
-            model.online_pooler.load_state_dict(pooler_dense.state_dict())
-        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("pooler.")}
-        model.online_encoder.load_state_dict(state, strict=True)
-        if model.config.uses_target:
-            model.copy_online_to_target()
-        if isinstance(encoder_name_or_path, PreTrainedModel):
-            dtype = next(pretrained.parameters()).dtype  # as loaded (e.g. `dtype=torch.bfloat16`), heads included
-            if any(p.dtype != dtype for p in model.parameters()):
-                model.to(dtype).keep_queue_in_fp32()
-        model.config.encoder_config._name_or_path = name
-        # The export's inference length; recorded now because the base folder may be gone at export time.
-        model.config.base_max_seq_length = sentence_transformers_max_seq_length(name)
-        if model.config.base_model_name_or_path is None and name:  # named in every export's card (model_card.py)
-            model.config.base_model_name_or_path = base_model_id(name)
+        start_from_pretrained(model, pretrained, name, match_dtype=isinstance(encoder_name_or_path, PreTrainedModel))
         return model
 
     @classmethod

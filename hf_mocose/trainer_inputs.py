@@ -22,7 +22,8 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from .checkpoints import check_weights_complete
 from .data import tokenize_sentences
-from .modeling import CONFIG_LOCATION_KWARGS, MoCoSEModel
+from .encoder_init import CONFIG_LOCATION_KWARGS
+from .modeling import MoCoSEModel
 
 logger = logging.getLogger(__name__)
 
