@@ -11,6 +11,7 @@ from .callbacks import validate_ema_decay
 from .configuration import METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
 from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES
+from .queue import format_queue_slices, parse_queue_slices
 
 UNA_USAGES = ("paper", "negative")
 
@@ -394,28 +395,3 @@ class MoCoSETrainingArguments(TrainingArguments):
         """The `MoCoSEConfig` fields these arguments set, for building a fresh model."""
         return {name: getattr(self, name) for name in MODEL_CONFIG_FIELDS}
 
-
-def parse_queue_slices(value, queue_size: int) -> list[tuple[int, int]] | None:
-    """Parses `"0:256,768:1024"`, `[0, 256]` or `[[0, 256], [768, 1024]]` into checked `(start, end)` age ranges."""
-    if value is None or value == "" or value == []:
-        return None
-    if isinstance(value, str):
-        try:
-            pairs = [tuple(int(x) for x in part.split(":")) for part in value.split(",")]
-        except ValueError:
-            raise ValueError(f"queue_slice {value!r} is not of the form 'start:end[,start:end...]'.") from None
-    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(x, int) for x in value):
-        pairs = [tuple(value)]
-    else:
-        pairs = [tuple(pair) for pair in value]
-    for pair in pairs:
-        if len(pair) != 2 or not 0 <= pair[0] < pair[1] <= queue_size:
-            raise ValueError(
-                f"queue_slice {value!r}: each slice must be start:end with 0 <= start < end <= queue_size={queue_size}, "
-                f"got {pair!r}."
-            )
-    return [(int(a), int(b)) for a, b in pairs]
-
-
-def format_queue_slices(slices: list[tuple[int, int]] | None) -> str | None:
-    return None if slices is None else ",".join(f"{a}:{b}" for a, b in slices)
