@@ -67,9 +67,12 @@ MODEL_FIELDS = {
     "projection_layers": "projection layers",
     "predictor_layers": "predictor layers",
     "predictor_dim": "predictor width",
+    "projection_dim": "projection (key and queue) width",
+    "head_init": "head initialisation",
     "head_dropout": "head dropout",
     "encoder_dropout": "encoder dropout",
     "target_dropout": "target branch dropout",
+    "shared_embeddings": "embeddings shared with the target",
 }
 
 

@@ -216,6 +216,20 @@ def test_cli_export_writes_the_card(run, tmp_path, capsys):
     assert any(r.dataset_type == "stsb" and r.metric_value == 77.7 for r in card.data.eval_results)
 
 
+def test_reference_switches_are_on_the_card(run, tmp_path):
+    """The seed-reading switches of a checkpoint (`shared_embeddings`, `projection_dim`, `head_init`) reach the card."""
+    _, export, _ = run
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    config = json.loads((run[0] / "final" / "config.json").read_text())
+    config.update(shared_embeddings="module", projection_dim=16, head_init="random")
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    text = render_model_card(export, checkpoint).text
+    assert "| embeddings shared with the target | module |" in text
+    assert "| projection (key and queue) width | 16 |" in text
+    assert "| head initialisation | random |" in text
+
+
 def test_method_family_switches_and_citations(run, tmp_path):
     _, export, _ = run
     checkpoint = tmp_path / "ckpt"
