@@ -116,7 +116,8 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
     (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
     out, table = tmp_path / "quality.json", tmp_path / "quality.md"
-    variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl"]
+    variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl",
+                "st_mocose", "st_custom:front_end=st,ema_decay_start=0.9,learning_rate=1e-5"]
     summary = quality.main([
         "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
         "--seeds", "0", "1", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
@@ -127,7 +128,8 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     assert written == json.loads(json.dumps(summary))
     assert written["tasks"] == ["stsb_dev"]  # only the sets present are scored
     assert -100 <= written["before"]["stsb_dev"] <= 100
-    assert list(written["variants"]) == ["mocose", "mocose_identity_head_lr", "custom", "simcse", "st_mnrl"]
+    assert list(written["variants"]) == ["mocose", "mocose_identity_head_lr", "custom", "simcse", "st_mnrl", "st_mocose",
+                                         "st_custom"]
     assert written["variants"]["custom"]["overrides"] == {"method": "mocose", "head_init": "identity", "fgsm_mode": "off"}
     for name, entry in written["variants"].items():
         assert len(entry["stsb_dev"]["per_seed"]) == 2 and entry["stsb_dev"]["std"] >= 0
