@@ -284,17 +284,19 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         if model.training and self._use_hard_negatives():
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
         perturbation = embeddings = None
-        if self.fgsm.mode != "off":
-            # FGSM needs the loss's gradient w.r.t. the online word embeddings: look them up here and pass
-            # them in, because a compiled model (torch_compile) gives gradients to its inputs only.
+        if self.fgsm.mode != "off" and self.args.torch_compile:
+            # FGSM needs the loss's gradient w.r.t. the online word embeddings, and a compiled model gives
+            # gradients to its inputs only: look them up here and pass them in. (Not otherwise: under FSDP2
+            # the word embeddings are a sharded unit that must run inside the root module's forward.)
             embeddings = unwrapped.get_input_embeddings()(inputs["input_ids"])
         if self.fgsm.mode == "exact":
             # Extra pass on the unwrapped module: autograd.grad reaches only the embeddings, so DDP's
             # gradient hooks never fire for it.
             clean = unwrapped(**inputs, inputs_embeds=embeddings, **self.embedding_augmentation.forward_kwargs())
             clean_loss, _ = self._contrastive_loss(unwrapped, clean)
-            (gradient,) = torch.autograd.grad(clean_loss.loss, embeddings)
-            perturbation = self.fgsm.step(gradient, embeddings)
+            at = clean.word_embeddings if embeddings is None else embeddings
+            (gradient,) = torch.autograd.grad(clean_loss.loss, at)
+            perturbation = self.fgsm.step(gradient, at)
         elif self.fgsm.mode == "previous":
             ids = inputs["input_ids"]
             perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))
