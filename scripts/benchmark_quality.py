@@ -78,9 +78,9 @@ from benchmark_train import Baton  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
          "fgsm_epsilon_unit": "absolute"}
-# The adaptation recipe (training_args/adapt-*.yaml; docs/quality.md, "Adapting a deployed model"): settings that
-# keep an already trained sentence encoder where it is while MoCoSE trains it.
-ADAPT: dict = {}
+# The adaptation recipe (training_args/adapt-minilm.yaml; docs/quality.md, "Adapting a deployed model"): an
+# encoder rate 10x below the from-scratch 3e-5, so an already trained sentence encoder moves little.
+ADAPT: dict = {"learning_rate": 3e-6}
 # name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart, `front_end: st` through MoCoSELoss.
 VARIANTS: dict[str, dict | None] = {
     "mocose": {"method": "mocose"},  # the library defaults (identity heads at head_learning_rate 1e-3)
@@ -146,8 +146,11 @@ class TrainingBudget(TrainerCallback):
     """
 
     def __init__(self, seconds: float, name: str = "", baton: Baton | None = None, ready: threading.Event | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, marks: tuple[float, ...] = (), score=None):
         self.seconds, self.name, self.baton, self.ready, self.clock = seconds, name, baton, ready, clock
+        # Budget-curve points: at each mark (seconds, below the budget) `score(model)` runs once, off the clock.
+        self.pending_marks = sorted(m for m in marks if m < seconds)
+        self.score, self.scores_at = score, {}
         self.spent = 0.0
         self.steps = 0
         self._started = False
@@ -171,6 +174,14 @@ class TrainingBudget(TrainerCallback):
             self.spent = now - self._train_begin
         else:
             self.spent += now - self._t0
+        passed = [m for m in self.pending_marks if self.spent >= m]
+        if passed:  # one scoring serves every mark this step passed
+            self.pending_marks = self.pending_marks[len(passed):]
+            model = kwargs["model"]
+            was_training = model.training
+            point = {"steps": state.global_step, "scores": self.score(model)}
+            model.train(was_training)
+            self.scores_at.update({mark: point for mark in passed})
         if self.spent >= self.seconds:
             control.should_training_stop = True
         if self.baton is not None:
@@ -309,7 +320,9 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
         trainer, model, tokenizer = build(name, overrides, cfg, model_path, sentences, out_dir, seed)
         ready = threading.Event() if baton is not None else None
         clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
-        callback = TrainingBudget(budget, name, baton, ready, clock)
+        marks = tuple(60.0 * m for m in cfg.score_at_minutes)
+        callback = TrainingBudget(budget, name, baton, ready, clock, marks,
+                                  score=lambda m, tok=tokenizer: score_sts(encoder_of(m, tok, cfg.eval_max_length), tasks))
         trainer.add_callback(callback)
         built[name] = (trainer, model, tokenizer, out_dir)
         callbacks[name] = callback
@@ -349,6 +362,7 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
             "sentences": trainer.state.global_step * cfg.batch_size,
             "train_seconds": round(callbacks[name].spent, 1),
             "checkpoint": checkpoint,
+            "scores_at_minutes": {f"{mark / 60:g}": point for mark, point in callbacks[name].scores_at.items()},
         }
         print(f"seed {seed} {name}: {results[name]}", flush=True)
         del trainer, model
@@ -357,6 +371,22 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _curve_points(runs: list[dict], tasks: list[str]) -> dict:
+    """`--score_at_minutes` points every seed reached: minutes -> {task: mean/std, mean_of_sets, steps}."""
+    common = set.intersection(*(set(r["scores_at_minutes"]) for r in runs)) if runs else set()
+    points = {}
+    for minutes in sorted(common, key=float):
+        at = [r["scores_at_minutes"][minutes] for r in runs]
+        point: dict = {"steps": [a["steps"] for a in at]}
+        for task in tasks:
+            mean, std = _mean_std([a["scores"][task] for a in at])
+            point[task] = {"mean": round(mean, 2), "std": round(std, 2)}
+        mean, std = _mean_std([statistics.mean(a["scores"][t] for t in tasks) for a in at])
+        point["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+        points[minutes] = point
+    return points
 
 
 def markdown_table(summary: dict) -> str:
@@ -371,6 +401,16 @@ def markdown_table(summary: dict) -> str:
         steps = "/".join(str(s) for s in entry["steps"])
         lines.append(f"| {name} | {steps} | " + " | ".join(cells)
                      + f" | {entry['mean_of_sets']['mean']:.2f} ± {entry['mean_of_sets']['std']:.2f} |")
+    if any(entry.get("at_minutes") for entry in summary["variants"].values()):
+        lines += ["", "| variant | budget (minutes) | steps | " + " | ".join(tasks) + " | mean of sets |",
+                  "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+        for name, entry in summary["variants"].items():
+            points = {**entry.get("at_minutes", {}), f"{summary['budget_minutes']:g}": entry}
+            for minutes, point in points.items():
+                cells = [f"{point[t]['mean']:.2f} ± {point[t]['std']:.2f}" for t in tasks]
+                steps = "/".join(str(s) for s in point["steps"])
+                lines.append(f"| {name} | {minutes} | {steps} | " + " | ".join(cells)
+                             + f" | {point['mean_of_sets']['mean']:.2f} ± {point['mean_of_sets']['std']:.2f} |")
     return "\n".join(lines)
 
 
@@ -399,6 +439,8 @@ def main(argv=None) -> dict:
                         help="take turns step by step and count each variant's own step time (default)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="budget in wall-clock seconds (default) or CPU seconds of this process (see above)")
+    parser.add_argument("--score_at_minutes", type=float, nargs="*", default=[],
+                        help="also score each variant when its clock passes these budgets (a budget curve in one run)")
     parser.add_argument("--save_models", action="store_true", help="save each trained model under --output_dir")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_dir", default=str(REPO / "outputs" / "benchmark_quality"))
@@ -447,6 +489,7 @@ def main(argv=None) -> dict:
             entry[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": [r["scores"][task] for r in runs]}
         mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in runs])
         entry["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+        entry["at_minutes"] = _curve_points(runs, list(tasks))
         summary["variants"][name] = entry
     summary.update({
         "details": details, "seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "interleave": cfg.interleave,

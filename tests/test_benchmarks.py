@@ -81,6 +81,38 @@ def test_training_budget_stops_training():
     assert budget.steps == 1
 
 
+def test_training_budget_scores_at_each_mark_once_off_the_clock():
+    """--score_at_minutes: the model is scored once per mark passed, in eval mode, and handed back in train mode."""
+    quality = _load("benchmark_quality")
+    ticks = iter(0.5 * i for i in range(100))
+    seen = []
+
+    class Model:
+        training = True
+
+        def train(self, mode=True):
+            self.training = mode
+
+    model = Model()
+
+    def score(m):
+        seen.append(m.training)
+        m.training = False  # as encode() leaves it
+        return {"stsb_dev": float(len(seen))}
+
+    budget = quality.TrainingBudget(5.0, clock=lambda: next(ticks), marks=(1.0, 2.0, 9.0), score=score)
+    control = types.SimpleNamespace(should_training_stop=False)
+    state = types.SimpleNamespace(global_step=0, max_steps=10)
+    budget.on_train_begin(None, state, control)
+    while not control.should_training_stop:
+        state.global_step += 1
+        budget.on_step_begin(None, state, control)
+        budget.on_step_end(None, state, control, model=model)
+    assert budget.scores_at == {1.0: {"steps": 1, "scores": {"stsb_dev": 1.0}},
+                                2.0: {"steps": 2, "scores": {"stsb_dev": 2.0}}}  # 9.0 is past the budget
+    assert state.global_step == 5 and seen == [True, True] and model.training
+
+
 def test_benchmark_train_smoke(tiny_encoder, corpus, tmp_path):
     bench = _load("benchmark_train")
     out = tmp_path / "train.json"
@@ -137,6 +169,26 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
         for run in written["details"][name]:
             assert Path(run["checkpoint"]).is_dir()
     assert "| custom |" in table.read_text()
+
+
+def test_benchmark_quality_budget_curve(tiny_encoder, corpus, sts_dev, tmp_path):
+    """--score_at_minutes scores each variant and seed at the marks too, and tabulates the curve."""
+    quality = _load("benchmark_quality")
+    senteval = tmp_path / "senteval"
+    (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
+    (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    summary = quality.main([
+        "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.004",
+        "--score_at_minutes", "0.00001", "--seeds", "0", "1", "--batch_size", "4", "--max_seq_length", "16",
+        "--queue_size", "16", "--max_train_samples", "64", "--output_dir", str(tmp_path / "runs"), "--clock", "cpu",
+        "--variants", "mocose", "st_mnrl",
+    ])
+    for name in ("mocose", "st_mnrl"):
+        point = summary["variants"][name]["at_minutes"]["1e-05"]
+        assert point["steps"] == [1, 1]  # the first step passes the mark
+        assert -100 <= point["stsb_dev"]["mean"] <= 100
+    assert "| mocose | 1e-05 | 1/1 |" in summary["markdown"]
+    assert "| mocose | 0.004 |" in summary["markdown"]
 
 
 def test_quality_variant_specs():
