@@ -4,6 +4,8 @@ r"""Train any SentenceTransformer with MoCoSE through sentence-transformers' own
     python examples/train_st_mocose.py --model_name_or_path sentence-transformers/all-mpnet-base-v2 \
         --train_file my_sentences.txt --max_steps 1000 --queue_size 4096 --head_learning_rate 1e-3
 
+The defaults are the adaptation recipe (`ADAPTATION_DEFAULTS`: encoder learning rate 3e-6, docs/quality.md);
+pass `--learning_rate 3e-5` to train a checkpoint that is not yet a sentence encoder.
 Arguments are `ExampleArguments` below, every `MoCoSELoss` setting under its `MoCoSETrainingArguments`
 name, default and help (`--queue_size`, `--ema_decay_start`, `--contrastive_temperature`, `--fgsm_mode`,
 `--head_learning_rate`, ...), and every `SentenceTransformerTrainingArguments` field
@@ -32,6 +34,10 @@ from hf_mocose.data import load_sentences
 from hf_mocose.evaluation.sts import read_sts_benchmark
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The example adapts an already trained SentenceTransformer, so it uses the adaptation recipe
+# (training_args/adapt-minilm.yaml, `st_mocose_adapt` in docs/quality.md): the encoder at 3e-6, a tenth of
+# the from-scratch rate, which would lower a deployed model's STS scores.
+ADAPTATION_DEFAULTS = {"learning_rate": 3e-6}
 
 
 @dataclass
@@ -73,7 +79,7 @@ def load_model(name: str) -> SentenceTransformer:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = HfArgumentParser((ExampleArguments, _loss_arguments(), SentenceTransformerTrainingArguments))
-    parser.set_defaults(output_dir="outputs/st_mocose", per_device_train_batch_size=64, learning_rate=3e-5,
+    parser.set_defaults(output_dir="outputs/st_mocose", per_device_train_batch_size=64, **ADAPTATION_DEFAULTS,
                         num_train_epochs=1, dataloader_drop_last=True, logging_steps=10, save_strategy="no",
                         report_to="none", seed=0)
     example, loss_settings, args = parser.parse_args_into_dataclasses(args=argv)

@@ -5,6 +5,7 @@ read from the grids: a grid that drifts from its table fails. Anything not in th
 `*-extra.yaml` grid that says so.
 """
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,24 @@ def test_training_arguments_docstring_says_what_the_defaults_are(claim):
     assert claim not in doc
     assert 'head_init="identity"' in doc and "head_learning_rate=1e-3" in doc
     assert "training_args/mocose-bert-base.yaml" in doc
+
+
+def test_adapt_recipe_is_the_measured_mocose_adapt_variant(tmp_path, monkeypatch):
+    """training_args/adapt-minilm.yaml, `mocose_adapt` of benchmark_quality.py and the ST example agree."""
+    import importlib.util
+
+    script, args = parse_args([str(RECIPES / "adapt-minilm.yaml"), "--output_dir", str(tmp_path)])
+    assert script.model_name_or_path == "builtin:all-MiniLM-L6-v2"
+    assert args.sentence_pooling == "mean" and args.method == "mocose"
+    spec = importlib.util.spec_from_file_location("benchmark_quality", REPO / "scripts" / "benchmark_quality.py")
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    assert quality.ADAPT, "the adaptation recipe is measured as benchmark_quality's ADAPT"
+    for key, value in quality.ADAPT.items():
+        assert getattr(args, key) == value, key
+    assert args.learning_rate < MoCoSETrainingArguments(output_dir=str(tmp_path)).learning_rate
+    spec = importlib.util.spec_from_file_location("train_st_mocose", REPO / "examples" / "train_st_mocose.py")
+    example = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, example)  # dataclasses look their module up while it loads
+    spec.loader.exec_module(example)
+    assert example.ADAPTATION_DEFAULTS == quality.ADAPT
