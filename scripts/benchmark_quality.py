@@ -54,9 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -75,6 +73,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from benchmark_train import Baton  # noqa: E402
+from quality_tables import merge, summarise, write_summary  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
          "fgsm_epsilon_unit": "absolute"}
@@ -369,51 +368,6 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
     return results
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def _curve_points(runs: list[dict], tasks: list[str]) -> dict:
-    """`--score_at_minutes` points every seed reached: minutes -> {task: mean/std, mean_of_sets, steps}."""
-    common = set.intersection(*(set(r["scores_at_minutes"]) for r in runs)) if runs else set()
-    points = {}
-    for minutes in sorted(common, key=float):
-        at = [r["scores_at_minutes"][minutes] for r in runs]
-        point: dict = {"steps": [a["steps"] for a in at]}
-        for task in tasks:
-            mean, std = _mean_std([a["scores"][task] for a in at])
-            point[task] = {"mean": round(mean, 2), "std": round(std, 2)}
-        mean, std = _mean_std([statistics.mean(a["scores"][t] for t in tasks) for a in at])
-        point["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
-        points[minutes] = point
-    return points
-
-
-def markdown_table(summary: dict) -> str:
-    tasks = summary["tasks"]
-    header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |"
-    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
-    before = summary["before"]
-    lines.append(f"| {summary['model']}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
-                 + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
-    for name, entry in summary["variants"].items():
-        cells = [f"{entry[t]['mean']:.2f} ± {entry[t]['std']:.2f}" for t in tasks]
-        steps = "/".join(str(s) for s in entry["steps"])
-        lines.append(f"| {name} | {steps} | " + " | ".join(cells)
-                     + f" | {entry['mean_of_sets']['mean']:.2f} ± {entry['mean_of_sets']['std']:.2f} |")
-    if any(entry.get("at_minutes") for entry in summary["variants"].values()):
-        lines += ["", "| variant | budget (minutes) | steps | " + " | ".join(tasks) + " | mean of sets |",
-                  "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
-        for name, entry in summary["variants"].items():
-            points = {**entry.get("at_minutes", {}), f"{summary['budget_minutes']:g}": entry}
-            for minutes, point in points.items():
-                cells = [f"{point[t]['mean']:.2f} ± {point[t]['std']:.2f}" for t in tasks]
-                steps = "/".join(str(s) for s in point["steps"])
-                lines.append(f"| {name} | {minutes} | {steps} | " + " | ".join(cells)
-                             + f" | {point['mean_of_sets']['mean']:.2f} ± {point['mean_of_sets']['std']:.2f} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="encoder to start from (default: the offline all-MiniLM-L6-v2)")
@@ -446,7 +400,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--output_dir", default=str(REPO / "outputs" / "benchmark_quality"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None, help="write the results table here")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="only merge these --json results (same settings, other seeds) into one table")
     cfg = parser.parse_args(argv)
+    if cfg.merge:
+        return write_summary(merge(cfg.merge), cfg.json, cfg.markdown)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
 
     from transformers import AutoTokenizer
@@ -481,16 +439,8 @@ def main(argv=None) -> dict:
         results = run_seed(cfg, variants, model_path, sentences, tasks, seed)
         for name in variants:
             details[name].append({"seed": seed, **results[name]})
-    summary: dict = {"model": model_name, "tasks": list(tasks), "before": before, "variants": {}}
-    for name, runs in details.items():
-        entry: dict = {"overrides": variants[name], "steps": [r["steps"] for r in runs]}
-        for task in tasks:
-            mean, std = _mean_std([r["scores"][task] for r in runs])
-            entry[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": [r["scores"][task] for r in runs]}
-        mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in runs])
-        entry["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
-        entry["at_minutes"] = _curve_points(runs, list(tasks))
-        summary["variants"][name] = entry
+    summary: dict = {"model": model_name, "tasks": list(tasks), "before": before,
+                     "variants": summarise(details, variants, list(tasks))}
     summary.update({
         "details": details, "seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "interleave": cfg.interleave,
         "clock": cfg.clock,
@@ -500,14 +450,8 @@ def main(argv=None) -> dict:
         "temperature": cfg.temperature, "eval_max_length": cfg.eval_max_length,
         "command": "python scripts/benchmark_quality.py " + argv_text, "torch_threads": torch.get_num_threads(),
     })
-    table = markdown_table(summary)
-    summary["markdown"] = table
-    print(table)
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps(summary, indent=1))
-    if cfg.markdown:
-        Path(cfg.markdown).write_text(table + "\n")
-    return summary
+    return write_summary(summary, cfg.json, cfg.markdown)
+
 
 
 if __name__ == "__main__":

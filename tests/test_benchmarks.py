@@ -171,24 +171,38 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     assert "| custom |" in table.read_text()
 
 
-def test_benchmark_quality_budget_curve(tiny_encoder, corpus, sts_dev, tmp_path):
-    """--score_at_minutes scores each variant and seed at the marks too, and tabulates the curve."""
+def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev, tmp_path):
+    """--score_at_minutes scores each variant at the marks too; --merge joins one-seed runs into one table."""
     quality = _load("benchmark_quality")
     senteval = tmp_path / "senteval"
     (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
     (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
-    summary = quality.main([
-        "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.004",
-        "--score_at_minutes", "0.00001", "--seeds", "0", "1", "--batch_size", "4", "--max_seq_length", "16",
-        "--queue_size", "16", "--max_train_samples", "64", "--output_dir", str(tmp_path / "runs"), "--clock", "cpu",
-        "--variants", "mocose", "st_mnrl",
-    ])
+    common = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.004",
+              "--score_at_minutes", "0.00001", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
+              "--max_train_samples", "64", "--output_dir", str(tmp_path / "runs"), "--clock", "cpu",
+              "--variants", "mocose", "st_mnrl"]
+    for seed in (0, 1):  # one process per seed, as two side-by-side runs would be
+        quality.main([*common, "--seeds", str(seed), "--json", str(tmp_path / f"seed{seed}.json")])
+    merged = quality.main(["--merge", str(tmp_path / "seed0.json"), str(tmp_path / "seed1.json"),
+                           "--json", str(tmp_path / "merged.json")])
+    assert merged["seeds"] == [0, 1]
     for name in ("mocose", "st_mnrl"):
-        point = summary["variants"][name]["at_minutes"]["1e-05"]
+        entry = merged["variants"][name]
+        per_seed = [json.loads((tmp_path / f"seed{s}.json").read_text())["variants"][name]["stsb_dev"]["mean"]
+                    for s in (0, 1)]
+        assert entry["stsb_dev"]["per_seed"] == per_seed
+        point = entry["at_minutes"]["1e-05"]
         assert point["steps"] == [1, 1]  # the first step passes the mark
         assert -100 <= point["stsb_dev"]["mean"] <= 100
-    assert "| mocose | 1e-05 | 1/1 |" in summary["markdown"]
-    assert "| mocose | 0.004 |" in summary["markdown"]
+    assert "| mocose | 1e-05 | 1/1 |" in merged["markdown"]
+    assert "| mocose | 0.004 |" in merged["markdown"]
+    with pytest.raises(SystemExit, match="seeds \\[0, 0\\] repeat"):
+        quality.main(["--merge", str(tmp_path / "seed0.json"), str(tmp_path / "seed0.json")])
+    other = json.loads((tmp_path / "seed1.json").read_text())
+    other["batch_size"] = 8
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="differs from .* in batch_size"):
+        quality.main(["--merge", str(tmp_path / "seed0.json"), str(tmp_path / "other.json")])
 
 
 def test_quality_variant_specs():

@@ -1,0 +1,104 @@
+"""Tables of `scripts/benchmark_quality.py`: per-variant mean ± std over seeds, the budget curve, and merging
+the `--json` results of separate processes (one seed each, run side by side) into one table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _curve_points(runs: list[dict], tasks: list[str]) -> dict:
+    """`--score_at_minutes` points every seed reached: minutes -> {task: mean/std, mean_of_sets, steps}."""
+    common = set.intersection(*(set(r["scores_at_minutes"]) for r in runs)) if runs else set()
+    points = {}
+    for minutes in sorted(common, key=float):
+        at = [r["scores_at_minutes"][minutes] for r in runs]
+        point: dict = {"steps": [a["steps"] for a in at]}
+        for task in tasks:
+            mean, std = _mean_std([a["scores"][task] for a in at])
+            point[task] = {"mean": round(mean, 2), "std": round(std, 2)}
+        mean, std = _mean_std([statistics.mean(a["scores"][t] for t in tasks) for a in at])
+        point["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+        points[minutes] = point
+    return points
+
+
+def markdown_table(summary: dict) -> str:
+    tasks = summary["tasks"]
+    header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |"
+    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+    before = summary["before"]
+    lines.append(f"| {summary['model']}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
+                 + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
+    for name, entry in summary["variants"].items():
+        cells = [f"{entry[t]['mean']:.2f} ± {entry[t]['std']:.2f}" for t in tasks]
+        steps = "/".join(str(s) for s in entry["steps"])
+        lines.append(f"| {name} | {steps} | " + " | ".join(cells)
+                     + f" | {entry['mean_of_sets']['mean']:.2f} ± {entry['mean_of_sets']['std']:.2f} |")
+    if any(entry.get("at_minutes") for entry in summary["variants"].values()):
+        lines += ["", "| variant | budget (minutes) | steps | " + " | ".join(tasks) + " | mean of sets |",
+                  "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+        for name, entry in summary["variants"].items():
+            points = {**entry.get("at_minutes", {}), f"{summary['budget_minutes']:g}": entry}
+            for minutes, point in points.items():
+                cells = [f"{point[t]['mean']:.2f} ± {point[t]['std']:.2f}" for t in tasks]
+                steps = "/".join(str(s) for s in point["steps"])
+                lines.append(f"| {name} | {minutes} | {steps} | " + " | ".join(cells)
+                             + f" | {point['mean_of_sets']['mean']:.2f} ± {point['mean_of_sets']['std']:.2f} |")
+    return "\n".join(lines)
+
+
+def write_summary(summary: dict, json_path: str | None, markdown_path: str | None) -> dict:
+    table = markdown_table(summary)
+    summary["markdown"] = table
+    print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=1))
+    if markdown_path:
+        Path(markdown_path).write_text(table + "\n")
+    return summary
+
+
+def summarise(details: dict, variants: dict, tasks: list[str]) -> dict:
+    """variant -> per-task mean/std over its runs (seeds), the mean of sets, steps and the budget curve."""
+    entries = {}
+    for name, runs in details.items():
+        entry: dict = {"overrides": variants[name], "steps": [r["steps"] for r in runs]}
+        for task in tasks:
+            mean, std = _mean_std([r["scores"][task] for r in runs])
+            entry[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": [r["scores"][task] for r in runs]}
+        mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in runs])
+        entry["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+        entry["at_minutes"] = _curve_points(runs, tasks)
+        entries[name] = entry
+    return entries
+
+
+# Settings that must agree for runs of separate processes (e.g. one seed each, side by side) to share a table.
+MERGE_KEYS = ("model", "tasks", "before", "budget_minutes", "clock", "batch_size", "pooling", "max_seq_length",
+              "learning_rate", "temperature", "schedule_steps", "corpus", "n_sentences", "eval_max_length")
+
+
+def merge(paths: list[str]) -> dict:
+    """One summary from the `--json` files of runs with the same settings and variants but other seeds."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for path, part in zip(paths[1:], parts[1:]):
+        differ = [k for k in MERGE_KEYS if part.get(k) != first.get(k)]
+        if differ or list(part["variants"]) != list(first["variants"]):
+            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differ) or 'its variants'}")
+    seeds = [seed for part in parts for seed in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--merge: seeds {seeds} repeat; each file must hold other seeds")
+    details = {name: [run for part in parts for run in part["details"][name]] for name in first["variants"]}
+    variants = {name: entry["overrides"] for name, entry in first["variants"].items()}
+    summary = {k: first[k] for k in ("model", "tasks", "before")}
+    summary["variants"] = summarise(details, variants, first["tasks"])
+    summary.update({k: v for k, v in first.items() if k not in summary and k not in ("markdown", "command")})
+    summary.update({"details": details, "seeds": seeds, "command": [part["command"] for part in parts]})
+    return summary
