@@ -142,11 +142,17 @@ def test_benchmark_train_memory_probe(tiny_encoder, corpus, tmp_path):
         assert summary["memory"][variant]["peak_rss_mib"] > 0, summary["memory"]
 
 
-def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
-    quality = _load("benchmark_quality")
+def _senteval_with_stsb_dev(tmp_path, sts_dev) -> Path:
+    """A SentEval folder holding only STS-B dev (the tiny fixture's pairs)."""
     senteval = tmp_path / "senteval"
     (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
     (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    return senteval
+
+
+def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
+    quality = _load("benchmark_quality")
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     out, table = tmp_path / "quality.json", tmp_path / "quality.md"
     variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl",
                 "st_mocose", "st_custom:front_end=st,ema_decay_start=0.9,learning_rate=1e-5"]
@@ -174,9 +180,7 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
 def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev, tmp_path):
     """--score_at_minutes scores each variant at the marks too; --merge joins one-seed runs into one table."""
     quality = _load("benchmark_quality")
-    senteval = tmp_path / "senteval"
-    (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
-    (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     common = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.004",
               "--score_at_minutes", "0.00001", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
               "--max_train_samples", "64", "--output_dir", str(tmp_path / "runs"), "--clock", "cpu",
@@ -233,9 +237,7 @@ def test_diagnose_heads_shows_random_heads_lose_the_key_and_identity_heads_keep_
 def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_encoder, corpus, sts_dev, tmp_path):
     """--pooling mean: the start, MoCoSE and the ST baseline are all trained and scored on the token mean."""
     quality = _load("benchmark_quality")
-    senteval = tmp_path / "senteval"
-    (senteval / "STS" / "STSBenchmark").mkdir(parents=True)
-    (senteval / "STS" / "STSBenchmark" / "sts-dev.csv").write_text(Path(sts_dev).read_text(encoding="utf-8"))
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     args = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
             "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
             "--max_train_samples", "64", "--clock", "cpu", "--save_models", "--variants", "mocose", "st_mnrl"]
