@@ -453,6 +453,5 @@ def main(argv=None) -> dict:
     return write_summary(summary, cfg.json, cfg.markdown)
 
 
-
 if __name__ == "__main__":
     main()

@@ -12,20 +12,30 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _stats(scored: list[dict], tasks: list[str]) -> dict:
+    """Runs (each with `steps` and `scores`) -> steps, per-task mean/std/per_seed and the mean of sets."""
+    stats: dict = {"steps": [r["steps"] for r in scored]}
+    for task in tasks:
+        values = [r["scores"][task] for r in scored]
+        mean, std = _mean_std(values)
+        stats[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": values}
+    mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in scored])
+    stats["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
+    return stats
+
+
 def _curve_points(runs: list[dict], tasks: list[str]) -> dict:
-    """`--score_at_minutes` points every seed reached: minutes -> {task: mean/std, mean_of_sets, steps}."""
-    common = set.intersection(*(set(r["scores_at_minutes"]) for r in runs)) if runs else set()
-    points = {}
-    for minutes in sorted(common, key=float):
-        at = [r["scores_at_minutes"][minutes] for r in runs]
-        point: dict = {"steps": [a["steps"] for a in at]}
-        for task in tasks:
-            mean, std = _mean_std([a["scores"][task] for a in at])
-            point[task] = {"mean": round(mean, 2), "std": round(std, 2)}
-        mean, std = _mean_std([statistics.mean(a["scores"][t] for t in tasks) for a in at])
-        point["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
-        points[minutes] = point
-    return points
+    """`--score_at_minutes` points every seed reached: minutes -> `_stats` of the runs at that point."""
+    reached = [set(r.get("scores_at_minutes", {})) for r in runs]
+    common = set.intersection(*reached) if reached else set()
+    return {minutes: _stats([r["scores_at_minutes"][minutes] for r in runs], tasks)
+            for minutes in sorted(common, key=float)}
+
+
+def _row(cells: list[str], stats: dict, tasks: list[str]) -> str:
+    """One table row: the leading cells, the steps per seed, mean ± std per task and of the sets."""
+    values = [f"{stats[t]['mean']:.2f} ± {stats[t]['std']:.2f}" for t in [*tasks, "mean_of_sets"]]
+    return "| " + " | ".join([*cells, "/".join(str(s) for s in stats["steps"]), *values]) + " |"
 
 
 def markdown_table(summary: dict) -> str:
@@ -36,20 +46,13 @@ def markdown_table(summary: dict) -> str:
     lines.append(f"| {summary['model']}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
                  + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
     for name, entry in summary["variants"].items():
-        cells = [f"{entry[t]['mean']:.2f} ± {entry[t]['std']:.2f}" for t in tasks]
-        steps = "/".join(str(s) for s in entry["steps"])
-        lines.append(f"| {name} | {steps} | " + " | ".join(cells)
-                     + f" | {entry['mean_of_sets']['mean']:.2f} ± {entry['mean_of_sets']['std']:.2f} |")
+        lines.append(_row([name], entry, tasks))
     if any(entry.get("at_minutes") for entry in summary["variants"].values()):
         lines += ["", "| variant | budget (minutes) | steps | " + " | ".join(tasks) + " | mean of sets |",
                   "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
         for name, entry in summary["variants"].items():
             points = {**entry.get("at_minutes", {}), f"{summary['budget_minutes']:g}": entry}
-            for minutes, point in points.items():
-                cells = [f"{point[t]['mean']:.2f} ± {point[t]['std']:.2f}" for t in tasks]
-                steps = "/".join(str(s) for s in point["steps"])
-                lines.append(f"| {name} | {minutes} | {steps} | " + " | ".join(cells)
-                             + f" | {point['mean_of_sets']['mean']:.2f} ± {point['mean_of_sets']['std']:.2f} |")
+            lines += [_row([name, minutes], point, tasks) for minutes, point in points.items()]
     return "\n".join(lines)
 
 
@@ -66,17 +69,8 @@ def write_summary(summary: dict, json_path: str | None, markdown_path: str | Non
 
 def summarise(details: dict, variants: dict, tasks: list[str]) -> dict:
     """variant -> per-task mean/std over its runs (seeds), the mean of sets, steps and the budget curve."""
-    entries = {}
-    for name, runs in details.items():
-        entry: dict = {"overrides": variants[name], "steps": [r["steps"] for r in runs]}
-        for task in tasks:
-            mean, std = _mean_std([r["scores"][task] for r in runs])
-            entry[task] = {"mean": round(mean, 2), "std": round(std, 2), "per_seed": [r["scores"][task] for r in runs]}
-        mean, std = _mean_std([statistics.mean(r["scores"][t] for t in tasks) for r in runs])
-        entry["mean_of_sets"] = {"mean": round(mean, 2), "std": round(std, 2)}
-        entry["at_minutes"] = _curve_points(runs, tasks)
-        entries[name] = entry
-    return entries
+    return {name: {"overrides": variants[name], **_stats(runs, tasks), "at_minutes": _curve_points(runs, tasks)}
+            for name, runs in details.items()}
 
 
 # Settings that must agree for runs of separate processes (e.g. one seed each, side by side) to share a table.
