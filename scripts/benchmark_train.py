@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,10 +58,13 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-VARIANTS = ("plain", "floor", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
+from train_variants import VARIANTS, benchmark_sentences, build_trainer, time_ema  # noqa: E402
+from turn_taking import Baton, make_step_timer  # noqa: E402
+
 # Headline ratio -> (numerator, denominator) step times, paired round by round.
 RATIOS = {
     "mocose_over_floor": ("mocose_previous", "floor"),
@@ -106,202 +108,7 @@ def hwm_mib() -> float | None:
     return None if kib is None else kib / 1024
 
 
-# ----------------------------------------------------------------------------- data
-def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: int) -> tuple[list[str], bool]:
-    """`n` sentences with >= max_seq_length tokens (so every batch is full length under any padding rule).
-
-    Returns the sentences and whether they are all full length (False when the corpus has too few).
-    """
-    from hf_mocose.data import python_docs_sentences
-
-    if corpus and Path(corpus).is_file():
-        lines = [line.strip() for line in Path(corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        lines = python_docs_sentences()
-    long, short = [], []
-    for start in range(0, len(lines), 2048):
-        chunk = lines[start : start + 2048]
-        lengths = [len(ids) for ids in tokenizer(chunk, truncation=False)["input_ids"]]
-        for sentence, length in zip(chunk, lengths):
-            (long if length >= max_seq_length else short).append(sentence)
-        if len(long) >= n:
-            return long[:n], True
-    pool = long + short
-    while len(pool) < n:
-        pool = pool + pool
-    return pool[:n], False
-
-
-# ----------------------------------------------------------------------------- turn taking
-class Baton:
-    """Round-robin turn taking between the variants' training threads: exactly one runs at a time."""
-
-    def __init__(self, names):
-        self.order = list(names)
-        self.events = {name: threading.Event() for name in names}
-        self.lock = threading.Lock()
-
-    def wait(self, name: str) -> None:
-        self.events[name].wait()
-        self.events[name].clear()
-
-    def pass_on(self, name: str, finished: bool = False) -> None:
-        with self.lock:
-            if name not in self.order:
-                return
-            i = self.order.index(name)
-            nxt = self.order[(i + 1) % len(self.order)]
-            if finished:
-                self.order.remove(name)
-                if not self.order:
-                    return
-                if nxt == name:
-                    return
-            self.events[nxt].set()
-
-    def start(self) -> None:
-        with self.lock:
-            if self.order:
-                self.events[self.order[0]].set()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def make_step_timer(name: str, baton: Baton, ready: threading.Event, device: torch.device):
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        """Times on_step_begin -> on_step_end and hands the turn to the next variant after each step."""
-
-        def __init__(self):
-            self.step_s: list[float] = []
-            self.data_s: list[float] = []
-            self._t0 = None
-            self._resumed = None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if self._resumed is None:  # first step: set-up is done, wait for the first turn
-                ready.set()
-                baton.wait(name)
-            else:
-                self.data_s.append(time.perf_counter() - self._resumed)
-            _sync(device)
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            _sync(device)
-            self.step_s.append(time.perf_counter() - self._t0)
-            finished = state.global_step >= state.max_steps
-            baton.pass_on(name, finished=finished)
-            if not finished:
-                baton.wait(name)
-            self._resumed = time.perf_counter()
-
-    return StepTimer()
-
-
-# ----------------------------------------------------------------------------- variants
-def _common_args(cfg, output_dir: str) -> dict:
-    return dict(
-        output_dir=output_dir,
-        per_device_train_batch_size=cfg.batch_size,
-        max_steps=cfg.warmup + cfg.steps,
-        learning_rate=3e-5,
-        weight_decay=1e-6,
-        logging_strategy="no",
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        use_cpu=cfg.device == "cpu",
-        seed=cfg.seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        dataloader_drop_last=True,
-    )
-
-
-def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], output_dir: str):
-    """The trainer for one variant; returns (trainer, ema_callback or None)."""
-    from datasets import Dataset
-    from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if variant == "st_mnrl":
-        from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-        from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
-
-        transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)
-        hidden = transformer.auto_model.config.hidden_size
-        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
-        dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-        args = SentenceTransformerTrainingArguments(**_common_args(cfg, output_dir))
-        trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model, scale=20.0)
-        )
-        return trainer, None
-
-    from hf_mocose.data import tokenize_sentences
-
-    tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
-    if variant in ("plain", "floor"):
-
-        class PlainStepTrainer(Trainer):
-            frozen_copy = None  # "floor": an encoder copy run without gradient, like MoCoSE's target
-
-            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                if self.frozen_copy is not None:
-                    with torch.no_grad():
-                        self.frozen_copy(**inputs)
-                cls = model(**inputs).last_hidden_state[:, 0]
-                loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
-                return (loss, cls) if return_outputs else loss
-
-        model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
-        collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
-        args = TrainingArguments(**_common_args(cfg, output_dir))
-        trainer = PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator)
-        if variant == "floor":
-            frozen = AutoModel.from_pretrained(model_path, add_pooling_layer=False).to(args.device).train()
-            trainer.frozen_copy = frozen.requires_grad_(False)
-        return trainer, None
-
-    from hf_mocose import MoCoSEModel
-    from hf_mocose.trainer import MoCoSETrainer
-    from hf_mocose.training_args import MoCoSETrainingArguments
-
-    method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
-                    "mocose_exact": ("mocose", "exact")}[variant]
-    args = MoCoSETrainingArguments(
-        **_common_args(cfg, output_dir), method=method, fgsm_mode=fgsm, max_seq_length=cfg.max_seq_length,
-        queue_size=cfg.queue_size, queue_init_size=min(128, cfg.queue_size), pad_to_max_length=True,
-        sentence_pooling="cls",
-    )
-    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
-    trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
-    return trainer, trainer.ema_callback
-
-
-def time_ema(ema_callback, device: torch.device) -> list[float]:
-    """Wraps `ema_callback.update` (an instance attribute, the class is untouched) to time each call."""
-    times: list[float] = []
-    original = ema_callback.update
-
-    def timed(decay):
-        _sync(device)
-        t0 = time.perf_counter()
-        original(decay)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-
-    ema_callback.update = timed
-    return times
-
-
+# ----------------------------------------------------------------------------- interleaved run
 def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
     """Trains every variant in its own thread, one optimizer step per turn; returns raw timings."""
     from transformers import AutoTokenizer, set_seed
