@@ -77,12 +77,18 @@ def load_model(name: str) -> SentenceTransformer:
     return SentenceTransformer(name)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def parse_arguments(argv: list[str] | None = None) -> tuple:
+    """(ExampleArguments, MoCoSELoss settings, SentenceTransformerTrainingArguments), adaptation defaults applied."""
     parser = HfArgumentParser((ExampleArguments, _loss_arguments(), SentenceTransformerTrainingArguments))
+    # ADAPTATION_DEFAULTS holds loss settings and trainer settings alike: each dataclass takes its own fields.
     parser.set_defaults(output_dir="outputs/st_mocose", per_device_train_batch_size=64, **ADAPTATION_DEFAULTS,
                         num_train_epochs=1, dataloader_drop_last=True, logging_steps=10, save_strategy="no",
                         report_to="none", seed=0)
-    example, loss_settings, args = parser.parse_args_into_dataclasses(args=argv)
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    example, loss_settings, args = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     model = load_model(example.model_name_or_path)

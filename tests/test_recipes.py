@@ -187,3 +187,6 @@ def test_adapt_recipe_is_the_measured_mocose_adapt_variant(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, spec.name, example)  # dataclasses look their module up while it loads
     spec.loader.exec_module(example)
     assert example.ADAPTATION_DEFAULTS == quality.ADAPT
+    _, loss_settings, st_args = example.parse_arguments(["--output_dir", str(tmp_path / "st")])
+    for key, value in quality.ADAPT.items():  # each setting lands where the example's trainer or loss reads it
+        assert getattr(loss_settings, key, None) == value or getattr(st_args, key, None) == value, key
