@@ -4,8 +4,9 @@ r"""Train any SentenceTransformer with MoCoSE through sentence-transformers' own
     python examples/train_st_mocose.py --model_name_or_path sentence-transformers/all-mpnet-base-v2 \
         --train_file my_sentences.txt --max_steps 1000 --queue_size 4096 --head_learning_rate 1e-3
 
-The defaults are the adaptation recipe (`ADAPTATION_DEFAULTS`: encoder learning rate 3e-6, docs/quality.md);
-pass `--learning_rate 3e-5` to train a checkpoint that is not yet a sentence encoder.
+The defaults are the adaptation recipe (`ADAPTATION_DEFAULTS`: encoder learning rate 5e-7, temperature 0.1,
+docs/quality.md); pass `--learning_rate 3e-5 --contrastive_temperature 0.05` to train a checkpoint that is not
+yet a sentence encoder.
 Arguments are `ExampleArguments` below, every `MoCoSELoss` setting under its `MoCoSETrainingArguments`
 name, default and help (`--queue_size`, `--ema_decay_start`, `--contrastive_temperature`, `--fgsm_mode`,
 `--head_learning_rate`, ...), and every `SentenceTransformerTrainingArguments` field
@@ -35,9 +36,9 @@ from hf_mocose.evaluation.sts import read_sts_benchmark
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # The example adapts an already trained SentenceTransformer, so it uses the adaptation recipe
-# (training_args/adapt-minilm.yaml, `st_mocose_adapt` in docs/quality.md): the encoder at 3e-6, a tenth of
-# the from-scratch rate, which would lower a deployed model's STS scores.
-ADAPTATION_DEFAULTS = {"learning_rate": 3e-6}
+# (training_args/adapt-minilm.yaml, `st_mocose_adapt` in docs/quality.md): temperature 0.1 and the encoder at
+# 5e-7; the from-scratch rate (3e-5) would lower a deployed model's STS scores.
+ADAPTATION_DEFAULTS = {"learning_rate": 5e-7, "contrastive_temperature": 0.1}
 
 
 @dataclass

@@ -8,8 +8,8 @@ interpolation, as WiSE-FT, Wortsman et al. 2022) and the result is scored on the
 docs/quality.md, section 8, uses it to ask how far an adaptation run should go: a run that moves half as
 far (a lower encoder rate) lies near `alpha = 0.5` of one that moves the whole way.
 
-    HF_HUB_OFFLINE=1 python scripts/score_interpolations.py --alphas 0.3 0.5 --pooling mean \\
-        outputs/benchmark_quality/mocose_adapt-seed0/final --markdown interpolations.md
+    HF_HUB_OFFLINE=1 python scripts/score_interpolations.py outputs/benchmark_quality/mocose_adapt-seed0/final \\
+        --alphas 0.3 0.5 --markdown interpolations.md
 """
 
 from __future__ import annotations
