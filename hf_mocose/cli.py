@@ -17,7 +17,7 @@ from .errors import run_command
 COMMAND_MODULES = (
     "hf_mocose.evaluation.commands",  # evaluate, diagnose
     "hf_mocose.publish_commands",  # export, push
-    "hf_mocose.mtd",  # mtd
+    "hf_mocose.methods.mtd",  # mtd
 )
 
 

@@ -25,7 +25,7 @@ class ContrastiveCollator:
         tokenizer: the model's tokenizer.
         max_length: truncation length (`max_seq_length`).
         pad_to_max_length: pad every batch to `max_length` (FGSM "previous" needs fixed shapes).
-        una_augmenter: a `hf_mocose.una.UNAAugmenter`, or None for no hard negatives.
+        una_augmenter: a `hf_mocose.methods.una.UNAAugmenter`, or None for no hard negatives.
         seed: base seed of the hard-negative draws.
     """
 

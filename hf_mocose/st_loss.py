@@ -23,7 +23,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import all_gather
 from torch import Tensor, nn
 
-from .augmentation import FGSMPerturbation
+from .methods.augmentation import FGSMPerturbation
 from .callbacks import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from .configuration import METHOD_DEFAULTS, validate_method_hparams
 from .heads import build_predictor, build_projection, head_linear, init_head_weights

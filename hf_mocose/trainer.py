@@ -35,7 +35,7 @@ from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
 from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
-from .augmentation import EmbeddingAugmentation, FGSMPerturbation
+from .methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .checkpoints import prepare_resume
 from .collator import ContrastiveCollator
@@ -43,7 +43,7 @@ from .hub_publishing import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .model_card_facts import save_card_training_args
 from .modeling import MoCoSEModel, MoCoSEOutput
-from .mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from .methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .sharding import complete_sharded_save, configure_sharding
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .trainer_inputs import prepare_trainer_inputs
@@ -139,7 +139,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     @staticmethod
     def _build_una(args: MoCoSETrainingArguments, train_dataset: Dataset | None):
-        from .una import UNAAugmenter, UNAStatistics
+        from .methods.una import UNAAugmenter, UNAStatistics
 
         if train_dataset is None or "text" not in train_dataset.column_names:
             raise ValueError("hard_negatives='una' needs the training sentences: keep a `text` column in train_dataset.")

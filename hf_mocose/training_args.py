@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
+from .methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
 from .configuration import METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
 from .heads import HEAD_INITS
@@ -340,8 +340,8 @@ class MoCoSETrainingArguments(TrainingArguments):
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
-        from .augmentation import EmbeddingAugmentation
-        from .una import validate_una_alpha, validate_una_frequency, validate_una_window
+        from .methods.augmentation import EmbeddingAugmentation
+        from .methods.una import validate_una_alpha, validate_una_frequency, validate_una_window
 
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,

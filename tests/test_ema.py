@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_trainer
 from hf_mocose.callbacks import EMATargetCallback, ema_decay_at
-from hf_mocose.mtd import max_traceable_distance
+from hf_mocose.methods.mtd import max_traceable_distance
 
 
 def test_cosine_ramp_start_middle_end():

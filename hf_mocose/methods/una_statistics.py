@@ -2,7 +2,7 @@
 
 `UNAStatistics` holds, per vocabulary word, its idf and its largest tf-idf score over the corpus
 (one document per sentence), in O(V) arrays; `UNAStatistics.from_corpus` builds them once and
-caches them keyed by a fingerprint of the corpus. The sampling that uses them is `hf_mocose.una`
+caches them keyed by a fingerprint of the corpus. The sampling that uses them is `hf_mocose.methods.una`
 (`UNAAugmenter`); see `docs/una.md` for the formulas.
 """
 

@@ -3,7 +3,7 @@
 A sentence's UNA negative replaces its most informative (highest TF-IDF) words by other
 words of similar corpus-level importance, so it looks like the anchor but means something
 else. The statistics are built once per training corpus (one document per sentence) and
-kept in O(V) arrays (`hf_mocose.una_statistics`, re-exported here); this module holds the
+kept in O(V) arrays (`hf_mocose.methods.una_statistics`, re-exported here); this module holds the
 settings, the replacement probabilities and the sampling. See `docs/una.md` for the formulas and
 the choices made here.
 
