@@ -38,7 +38,7 @@ from transformers import PreTrainedModel, Trainer
 from .methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
 from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .checkpoints import prepare_resume
-from .collator import ContrastiveCollator
+from .data.collator import ContrastiveCollator
 from .hub_publishing import HubPublishingMixin
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .model_card_facts import save_card_training_args

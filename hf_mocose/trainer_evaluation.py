@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
 from .encoding import encode_with_model, resolve_max_length
-from .sts_files import read_sts_benchmark
+from .data.sts_files import read_sts_benchmark
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
 from .checkpoints import check_weights_complete
-from .data import tokenize_sentences
+from .data.corpus import tokenize_sentences
 from .encoder_init import CONFIG_LOCATION_KWARGS
 from .modeling import MoCoSEModel
 
@@ -182,7 +182,7 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
     if "fraternal_text" in columns:
         raise ValueError(
             "train_dataset has a fraternal_text column: IFCL's fraternal view needs the fraternal model's tokenizer, "
-            "so tokenise it first (hf_mocose.data.tokenize_sentences, then tokenize_fraternal; see scripts/train.py)."
+            "so tokenise it first (hf_mocose.data.corpus.tokenize_sentences, then tokenize_fraternal; see scripts/train.py)."
         )
     if "text" not in columns:
         raise ValueError(

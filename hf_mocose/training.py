@@ -19,7 +19,7 @@ import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from .checkpoints import remove_temporary_files
-from .data import load_sentences, tokenize_fraternal, tokenize_sentences
+from .data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
 from .hub_publishing import publish_final_model
 from .sequence_length import inference_max_seq_length

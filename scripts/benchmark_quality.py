@@ -244,7 +244,7 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
         return build_st_mocose(settings, cfg, model_path, sentences, common)
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import tokenize_sentences
+    from hf_mocose.data.corpus import tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
     from hf_mocose.training_args import MoCoSETrainingArguments
 
@@ -317,7 +317,7 @@ def load_tasks(senteval_dir: str, names: list[str]) -> dict:
 
 
 def load_corpus(path: str, limit: int | None) -> list[str]:
-    from hf_mocose.data import load_sentences
+    from hf_mocose.data.corpus import load_sentences
 
     return list(load_sentences(path, max_train_samples=limit)["text"])  # as training reads it
 

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import load_sentences
+    from hf_mocose.data.corpus import load_sentences
     from hf_mocose.trainer_inputs import resolve_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

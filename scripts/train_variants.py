@@ -21,7 +21,7 @@ def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: i
 
     Returns the sentences and whether they are all full length (False when the corpus has too few).
     """
-    from hf_mocose.data import python_docs_sentences
+    from hf_mocose.data.corpus import python_docs_sentences
 
     if corpus and Path(corpus).is_file():
         lines = [line.strip() for line in Path(corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -82,7 +82,7 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
         )
         return trainer, None
 
-    from hf_mocose.data import tokenize_sentences
+    from hf_mocose.data.corpus import tokenize_sentences
 
     tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
     if variant in ("plain", "floor"):

@@ -111,7 +111,7 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     from transformers import AutoTokenizer, set_seed
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import python_docs_sentences, tokenize_fraternal, tokenize_sentences
+    from hf_mocose.data.corpus import python_docs_sentences, tokenize_fraternal, tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
     from datasets import Dataset
 
@@ -161,7 +161,7 @@ def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss
     from transformers import set_seed
 
     from hf_mocose import MoCoSELoss
-    from hf_mocose.data import python_docs_sentences
+    from hf_mocose.data.corpus import python_docs_sentences
 
     set_seed(init_seed)
     model = tiny_sentence_transformer(encoder_path, **(model_kwargs or {}))

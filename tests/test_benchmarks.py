@@ -29,7 +29,7 @@ def _load(name: str):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
-    from hf_mocose.data import python_docs_sentences
+    from hf_mocose.data.corpus import python_docs_sentences
 
     path = tmp_path_factory.mktemp("corpus") / "sentences.txt"
     path.write_text("\n".join(python_docs_sentences()[:200]) + "\n", encoding="utf-8")
@@ -39,7 +39,7 @@ def corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def sts_dev(tmp_path_factory) -> str:
     """A 16-pair file in SentEval's STS-B layout (score in column 5, sentences in 6 and 7)."""
-    from hf_mocose.data import python_docs_sentences
+    from hf_mocose.data.corpus import python_docs_sentences
 
     sentences = python_docs_sentences()[200:232]
     rows = [f"genre\tfile\tyear\t{i:04d}\t{(i * 7) % 6:.1f}\t{sentences[2 * i]}\t{sentences[2 * i + 1]}" for i in range(16)]

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from hf_mocose.data import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
+from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
 from hf_mocose.training import main, parse_args
 
 

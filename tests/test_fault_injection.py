@@ -33,7 +33,7 @@ from hf_mocose.checkpoints import (
     resolve_resume_checkpoint,
     safetensors_problem,
 )
-from hf_mocose.data import BUILTIN_PYTHON_DOCS, load_sentences
+from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
 from hf_mocose.training import cli_main, main, parse_args
 
 UNREACHABLE_MODEL = "no such folder, and not a Hub id that can be reached offline"

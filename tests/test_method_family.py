@@ -281,7 +281,7 @@ def test_una_statistics_count_the_given_paraphrases_too(tiny_encoder, tmp_path):
     from transformers import AutoTokenizer
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.data import tokenize_sentences
+    from hf_mocose.data.corpus import tokenize_sentences
     from hf_mocose.trainer import MoCoSETrainer
 
     args = tiny_training_args(tmp_path, **UNA_ARGS)
@@ -379,7 +379,7 @@ def test_positive_column_end_to_end(tiny_encoder, tmp_path):
           "--per_device_train_batch_size", "8", "--max_steps", "2", "--queue_size", "16", "--queue_init_size", "0",
           "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
           "--disable_tqdm", "true", "--export_sentence_transformers", "false"])
-    from hf_mocose.data import load_sentences
+    from hf_mocose.data.corpus import load_sentences
 
     with pytest.raises(ValueError, match="positive_column 'para2' is not in"):
         load_sentences(str(path), positive_column="para2")

@@ -43,7 +43,7 @@ def test_issue_snippet_trains_and_pushes_with_a_local_folder(fake_hub, tiny_enco
     from datasets import Dataset
 
     from hf_mocose import MoCoSETrainer, MoCoSETrainingArguments
-    from hf_mocose.data import python_docs_sentences
+    from hf_mocose.data.corpus import python_docs_sentences
 
     sentences = python_docs_sentences()[:SENTENCES]
     trainer = MoCoSETrainer(model=tiny_encoder,  # a local folder, as the issue says; the paper's default arguments

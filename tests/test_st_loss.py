@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
 from hf_mocose.callbacks import ema_decay_at
-from hf_mocose.data import python_docs_sentences
+from hf_mocose.data.corpus import python_docs_sentences
 
 # No dropout anywhere: runs that should match do so exactly.
 QUIET = dict(loss_kwargs=dict(head_dropout=0.0, target_dropout=False), model_kwargs=dict(dropout=0.0))

@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 from conftest import make_trainer, tiny_training_args
 
 from hf_mocose import MoCoSEModel, MoCoSETrainer
-from hf_mocose.data import python_docs_sentences
+from hf_mocose.data.corpus import python_docs_sentences
 
 SENTENCES = python_docs_sentences()[:24]
 PAIRS = Dataset.from_dict({

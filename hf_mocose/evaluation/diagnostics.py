@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hf_mocose.sts_files import StsPairs, read_sts_benchmark
+from hf_mocose.data.sts_files import StsPairs, read_sts_benchmark
 
 STSB_SPLITS = ("test", "dev", "train")
 

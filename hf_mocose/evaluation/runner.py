@@ -31,7 +31,7 @@ from hf_mocose.evaluation.transfer import (
     evaluate_transfer_task,
     transfer_task_files,
 )
-from hf_mocose.sts_files import LAYOUT_HELP
+from hf_mocose.data.sts_files import LAYOUT_HELP
 
 ALL_TASKS = STS_TASKS + TRANSFER_TASKS
 TASK_GROUPS = {

@@ -1,7 +1,7 @@
 """Semantic textual similarity (STS) tasks and scoring, following SentEval/SimCSE.
 
 The SentEval file readers (`StsPairs`, `read_sts_benchmark`, `read_sts_year_set`, `read_sick`,
-`read_lines`, the folder layout) live in the core module `hf_mocose.sts_files`, because the trainer
+`read_lines`, the folder layout) live in the core module `hf_mocose.data.sts_files`, because the trainer
 reads STS-B dev with them; they are re-exported here. This module names the tasks (STS12-16,
 STS-B, SICK-R), loads them and scores an encoder on them.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 # LAYOUT_HELP and read_lines are not used here: re-exported for existing `evaluation.sts` imports.
-from hf_mocose.sts_files import (  # noqa: F401
+from hf_mocose.data.sts_files import (  # noqa: F401
     LAYOUT_HELP,
     StsPairs,
     read_lines,

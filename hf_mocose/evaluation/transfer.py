@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from hf_mocose.sts_files import read_lines
+from hf_mocose.data.sts_files import read_lines
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")  # SentEval paper column order
 TRANSFER_FILES: dict[str, tuple[str, ...]] = {
