@@ -30,7 +30,7 @@ from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimil
 from transformers import HfArgumentParser
 
 from hf_mocose import MoCoSELoss, MoCoSETrainingArguments
-from hf_mocose.configuration import METHOD_DEFAULTS
+from hf_mocose.models.configuration import METHOD_DEFAULTS
 from hf_mocose.data.corpus import load_sentences
 from hf_mocose.evaluation.sts import read_sts_benchmark
 

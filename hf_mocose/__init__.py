@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from transformers import AutoConfig, AutoModel
 
-from .configuration import MoCoSEConfig
-from .modeling import MoCoSEModel
+from .models.configuration import MoCoSEConfig
+from .models.modeling import MoCoSEModel
 
 __version__ = "0.1.0"
 

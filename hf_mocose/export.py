@@ -14,7 +14,7 @@ left out, as is any optimizer state.
 
 `max_seq_length` is what the encoder supports at inference, not the (short) training length:
 the base model's own sentence-transformers setting, else the encoder's position limit, or the
-value given (`hf_mocose.sequence_length.inference_max_seq_length`).
+value given (`hf_mocose.models.sequence_length.inference_max_seq_length`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .encoding import encode_with_model
-from .sequence_length import inference_max_seq_length
+from .models.encoding import encode_with_model
+from .models.sequence_length import inference_max_seq_length
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     from transformers import AutoTokenizer
 
     from .checkpoints import check_weights_complete
-    from .modeling import MoCoSEModel
+    from .models.modeling import MoCoSEModel
 
     path = Path(checkpoint)
     if not path.is_dir():
@@ -231,7 +231,7 @@ def export_to_sentence_transformers(
             module folder survives).
         max_seq_length: tokens the exported model truncates its inputs at. Default: the base
             model's sentence-transformers `max_seq_length`, else the encoder's position limit (see
-            `hf_mocose.sequence_length`); not the training length.
+            `hf_mocose.models.sequence_length`); not the training length.
         eval_results: evaluation JSON (path or dict) whose STS results go into the model card.
         write_card: write README.md from the `model_cards/` template (see `write_model_card`).
         verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.

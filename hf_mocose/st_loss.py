@@ -25,10 +25,10 @@ from torch import Tensor, nn
 
 from .methods.augmentation import FGSMPerturbation
 from .callbacks import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
-from .configuration import METHOD_DEFAULTS, validate_method_hparams
-from .heads import build_predictor, build_projection, head_linear, init_head_weights
-from .losses import ContrastiveLossOutput, info_nce_loss
-from .queue import KeyQueue
+from .models.configuration import METHOD_DEFAULTS, validate_method_hparams
+from .models.heads import build_predictor, build_projection, head_linear, init_head_weights
+from .models.losses import ContrastiveLossOutput, info_nce_loss
+from .models.queue import KeyQueue
 from .st_loss_callback import MoCoSELossCallback, check_training_data
 from .st_loss_checkpoint import load_loss_state, save_loss_state
 from .st_loss_distributed import rank_and_world, refuse_sharded_launch

@@ -40,9 +40,9 @@ from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
 from .checkpoints import prepare_resume
 from .data.collator import ContrastiveCollator
 from .hub_publishing import HubPublishingMixin
-from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
+from .models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .model_card_facts import save_card_training_args
-from .modeling import MoCoSEModel, MoCoSEOutput
+from .models.modeling import MoCoSEModel, MoCoSEOutput
 from .methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .sharding import complete_sharded_save, configure_sharding
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset

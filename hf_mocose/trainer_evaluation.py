@@ -32,7 +32,7 @@ from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimil
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
-from .encoding import encode_with_model, resolve_max_length
+from .models.encoding import encode_with_model, resolve_max_length
 from .data.sts_files import read_sts_benchmark
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")

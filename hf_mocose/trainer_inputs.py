@@ -22,8 +22,8 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from .checkpoints import check_weights_complete
 from .data.corpus import tokenize_sentences
-from .encoder_init import CONFIG_LOCATION_KWARGS
-from .modeling import MoCoSEModel
+from .models.encoder_init import CONFIG_LOCATION_KWARGS
+from .models.modeling import MoCoSEModel
 
 logger = logging.getLogger(__name__)
 

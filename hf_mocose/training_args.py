@@ -8,10 +8,16 @@ from transformers import TrainingArguments
 
 from .methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from .callbacks import validate_ema_decay
-from .configuration import METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS, validate_method_hparams
-from .heads import HEAD_INITS
-from .pooling import SENTENCE_POOLING_MODES
-from .queue import format_queue_slices, parse_queue_slices
+from .models.configuration import (
+    METHOD_DEFAULTS,
+    METHODS,
+    MODEL_CONFIG_FIELDS,
+    SHARED_EMBEDDINGS,
+    validate_method_hparams,
+)
+from .models.heads import HEAD_INITS
+from .models.pooling import SENTENCE_POOLING_MODES
+from .models.queue import format_queue_slices, parse_queue_slices
 
 UNA_USAGES = ("paper", "negative")
 

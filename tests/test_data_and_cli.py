@@ -223,7 +223,7 @@ def test_every_export_names_the_base_model(tiny_encoder, tmp_path, capsys):
 
 
 def test_base_model_id_from_a_hub_cache_path(tmp_path):
-    from hf_mocose.configuration import base_model_id
+    from hf_mocose.models.configuration import base_model_id
 
     snapshot = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)

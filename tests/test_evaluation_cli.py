@@ -73,9 +73,9 @@ def test_evaluate_plain_encoder_json_and_table(tiny_encoder, senteval_fixture, t
 
 def test_mocose_checkpoint_matches_plain_encoder(tiny_encoder, senteval_fixture, tmp_path):
     try:
-        from hf_mocose.modeling import MoCoSEModel
+        from hf_mocose.models.modeling import MoCoSEModel
     except ImportError as err:  # pragma: no cover
-        pytest.skip(f"hf_mocose.modeling is not importable yet: {err}")
+        pytest.skip(f"hf_mocose.models.modeling is not importable yet: {err}")
     from transformers import AutoTokenizer
 
     for pooling in ("cls", "cls_dense"):
@@ -115,7 +115,7 @@ def test_mocose_checkpoint_is_evaluated_on_whole_sentences(tiny_encoder, tmp_pat
     """Not cut at the training max_seq_length (16): pairs that differ after 16 tokens are told apart."""
     from transformers import AutoTokenizer
 
-    from hf_mocose.modeling import MoCoSEModel
+    from hf_mocose.models.modeling import MoCoSEModel
 
     ckpt = tmp_path / "ckpt"
     MoCoSEModel.from_encoder(tiny_encoder, max_seq_length=16).save_pretrained(ckpt)
@@ -134,9 +134,9 @@ def test_mocose_checkpoint_is_evaluated_on_whole_sentences(tiny_encoder, tmp_pat
 
 def test_encode_with_model_restores_mode(tiny_encoder):
     try:
-        from hf_mocose.modeling import MoCoSEModel
+        from hf_mocose.models.modeling import MoCoSEModel
     except ImportError as err:  # pragma: no cover
-        pytest.skip(f"hf_mocose.modeling is not importable yet: {err}")
+        pytest.skip(f"hf_mocose.models.modeling is not importable yet: {err}")
     from transformers import AutoTokenizer
 
     from hf_mocose.evaluation.encoders import encode_with_model

@@ -8,7 +8,7 @@ import torch
 from conftest import build_tiny_encoder
 from hf_mocose import MoCoSEModel
 from hf_mocose.data.corpus import load_sentences
-from hf_mocose.losses import twins_loss
+from hf_mocose.models.losses import twins_loss
 from hf_mocose.training import main
 
 

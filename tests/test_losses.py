@@ -5,7 +5,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from hf_mocose.losses import info_nce_loss
+from hf_mocose.models.losses import info_nce_loss
 
 TAU = 0.5
 

@@ -9,7 +9,7 @@ from conftest import CORPUS_FILE, make_trainer, needs_corpus, tiny_training_args
 from hf_mocose.methods.augmentation import EmbeddingAugmentation
 from hf_mocose.cli import main as cli_main
 from hf_mocose.methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance, plan
-from hf_mocose.queue import KeyQueue
+from hf_mocose.models.queue import KeyQueue
 
 
 def _filled_queue(capacity=10, n=10):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_mocose.queue import KeyQueue
+from hf_mocose.models.queue import KeyQueue
 
 
 def _keys(start, n, dim=4):

@@ -57,7 +57,7 @@ def test_one_vocabulary_with_the_training_arguments():
     """Every MoCoSELoss setting is a MoCoSETrainingArguments field of the same name and default, both from
     METHOD_DEFAULTS; MoCoSEConfig's share them too. Fails on any drift."""
     from hf_mocose import MoCoSEConfig, MoCoSELoss, MoCoSETrainingArguments
-    from hf_mocose.configuration import METHOD_DEFAULTS
+    from hf_mocose.models.configuration import METHOD_DEFAULTS
 
     loss_defaults = {name: p.default for name, p in inspect.signature(MoCoSELoss.__init__).parameters.items()
                      if p.kind is inspect.Parameter.KEYWORD_ONLY}

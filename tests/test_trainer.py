@@ -97,7 +97,7 @@ def test_gradient_accumulation_matches_big_batch(tiny_encoder, tmp_path, monkeyp
     With a frozen queue and no in-batch negatives each example's loss is independent of its
     batch-mates, so any wrong scaling of accumulated losses (sum instead of mean) shows.
     """
-    from hf_mocose.queue import KeyQueue
+    from hf_mocose.models.queue import KeyQueue
 
     monkeypatch.setattr(KeyQueue, "enqueue", lambda self, keys: None)
     settings = dict(encoder_dropout=0.0, head_dropout=0.0, fgsm_mode="off", in_batch_negatives=False,

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_mocose.pooling import SENTENCE_POOLING_MODES
+from hf_mocose.models.pooling import SENTENCE_POOLING_MODES
 
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, multi_pooler: bool = False) -> None:

@@ -3,7 +3,7 @@
 All of them are driven the same way: length-sorted batches, fp32, ``model.eval()`` and
 ``torch.no_grad()``, so that numbers do not depend on dropout or on the order sentences arrive in.
 The batching itself (`encode_batches`, `encode_with_model`, `resolve_max_length`) lives in the core
-module `hf_mocose.encoding`; it is re-exported here for existing imports.
+module `hf_mocose.models.encoding`; it is re-exported here for existing imports.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from hf_mocose.encoding import (
+from hf_mocose.models.encoding import (
     encode_batches,
     encode_with_model,
     length_sorted_order,
@@ -23,7 +23,7 @@ from hf_mocose.encoding import (
     pooled_embed,
     resolve_max_length,
 )
-from hf_mocose.pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
+from hf_mocose.models.pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
 
 
 @dataclass
@@ -75,9 +75,9 @@ def detect_model_kind(path: str | Path) -> str:
 
 def _import_mocose_model():
     try:
-        from hf_mocose.modeling import MoCoSEModel
+        from hf_mocose.models.modeling import MoCoSEModel
     except ImportError as err:  # pragma: no cover - only while modeling.py is missing
-        raise ValueError(f"this is a MoCoSE checkpoint but hf_mocose.modeling cannot be imported: {err}") from err
+        raise ValueError(f"this is a MoCoSE checkpoint but hf_mocose.models.modeling cannot be imported: {err}") from err
     return MoCoSEModel
 
 

@@ -1,7 +1,7 @@
 """The pretrained encoder a `MoCoSEModel` is built around: checks, loading, and copying it into both branches.
 
 `MoCoSEModel.from_encoder` / `from_pretrained` use these; the model itself (branches, heads, queue,
-forward) is `hf_mocose.modeling`.
+forward) is `hf_mocose.models.modeling`.
 """
 
 from __future__ import annotations

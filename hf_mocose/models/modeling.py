@@ -27,14 +27,20 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .callbacks import EMATensorPairs, ema_tensor_pairs
+from ..callbacks import EMATensorPairs, ema_tensor_pairs
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue
-from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
-                           set_encoder_dropout, start_from_pretrained)
-from .sharding import local_shards
+from .encoder_init import (
+    CONFIG_LOCATION_KWARGS,
+    build_encoder,
+    check_is_encoder,
+    load_pretrained_encoder,
+    set_encoder_dropout,
+    start_from_pretrained,
+)
+from ..sharding import local_shards
 
 @dataclass
 class MoCoSEOutput(ModelOutput):
@@ -126,7 +132,7 @@ class MoCoSEModel(PreTrainedModel):
         pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
-            from .methods.fraternal import fraternal_word_vectors
+            from ..methods.fraternal import fraternal_word_vectors
 
             hidden = getattr(encoder_config, "hidden_size", None) or encoder_config.dim
             fraternal = fraternal_word_vectors(AutoModel.from_pretrained(fraternal_model_name_or_path), hidden,

@@ -186,7 +186,7 @@ class MoCoSEConfig(PretrainedConfig):
             Whether the target branch runs with dropout while training (the reference code does).
         max_seq_length (`int`, defaults to 32):
             Token length used in training. The export truncates at the inference length instead (see
-            `base_max_seq_length` and `hf_mocose.sequence_length`).
+            `base_max_seq_length` and `hf_mocose.models.sequence_length`).
         encoder_dropout (`float`, *optional*, defaults to 0.1):
             Dropout probability set on the encoder (hidden and attention); `None` keeps the checkpoint's.
         fraternal_vocab_size (`int`, *optional*):

@@ -1,0 +1,11 @@
+"""The model: `MoCoSEConfig` and `MoCoSEModel` (online and EMA target branches, heads, key queue) and what they are made of.
+
+- `configuration`: `MoCoSEConfig` (the encoder's config nested inside) and the methods' defaults.
+- `modeling`: `MoCoSEModel`, one `PreTrainedModel` holding both branches, the heads and the queue as state.
+- `encoder_init`: building and loading the encoders a model starts from.
+- `heads` (pooler, projection, predictor), `pooling` ([CLS] / mean), `queue` (`KeyQueue`, the FIFO of keys),
+  `losses` (InfoNCE with queue weights, IFCL's Twins loss).
+- `encoding`: sentence embeddings in length-sorted batches; `sequence_length`: training vs inference lengths.
+
+May import: `hf_mocose.methods`. Never the front ends, publishing, evaluation or the command line.
+"""
