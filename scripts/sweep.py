@@ -10,7 +10,7 @@ Arguments after `--` go to every training run.
 import argparse
 import sys
 
-from hf_mocose.sweep import run_sweep
+from hf_mocose.commands.sweep import run_sweep
 
 
 def main(argv=None):

@@ -7,7 +7,7 @@ A settings mistake prints one line and exits with status 2; HF_MOCOSE_DEBUG=1 sh
 
 import sys
 
-from hf_mocose.training import cli_main
+from hf_mocose.commands.train import cli_main
 
 if __name__ == "__main__":
     sys.exit(cli_main())

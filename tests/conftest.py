@@ -133,7 +133,7 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
 
 def run_cli(argv, capsys):
     """Runs `hf-mocose ARGV` in-process; returns (exit code, stdout, stderr)."""
-    from hf_mocose import cli
+    from hf_mocose.commands import cli
 
     code = cli.main(argv)
     out = capsys.readouterr()

@@ -155,7 +155,7 @@ def losses_of(trainer):
 def main():
     if sys.argv[1] == "--train-script":
         enable_fsdp_on_cpu()
-        from hf_mocose.training import cli_main
+        from hf_mocose.commands.train import cli_main
 
         sys.exit(cli_main(sys.argv[2:]))
     encoder, out_dir, sts_dev, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])

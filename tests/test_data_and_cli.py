@@ -7,7 +7,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
-from hf_mocose.training import main, parse_args
+from hf_mocose.commands.train import main, parse_args
 
 
 def test_text_file_skips_blank_lines(tmp_path):
@@ -202,7 +202,7 @@ def test_every_export_names_the_base_model(tiny_encoder, tmp_path, capsys):
 
     from huggingface_hub import ModelCard
 
-    from hf_mocose import cli
+    from hf_mocose.commands import cli
 
     common = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "16",
               "--per_device_train_batch_size", "4", "--max_steps", "2", "--queue_size", "8", "--queue_init_size", "4",

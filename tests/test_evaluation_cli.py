@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import SENTEVAL_DIR, needs_senteval
-from hf_mocose.cli import main
+from hf_mocose.commands.cli import main
 from hf_mocose.evaluation.sts import STS_YEAR_SETS
 
 WORDS = "a man woman dog cat is playing eating riding guitar horse food the piano ball small big".split()

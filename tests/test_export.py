@@ -10,7 +10,8 @@ import pytest
 from conftest import run_cli
 import torch
 
-from hf_mocose import MoCoSEModel, cli
+from hf_mocose import MoCoSEModel
+from hf_mocose.commands import cli
 from hf_mocose.export import export_to_sentence_transformers, probe_sentences, reference_embeddings, verify_export
 
 POOLINGS = ("cls", "cls_dense", "mean")

@@ -34,7 +34,7 @@ from hf_mocose.checkpoints import (
     safetensors_problem,
 )
 from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
-from hf_mocose.training import cli_main, main, parse_args
+from hf_mocose.commands.train import cli_main, main, parse_args
 
 UNREACHABLE_MODEL = "no such folder, and not a Hub id that can be reached offline"
 
@@ -326,7 +326,7 @@ def test_configuration_error_is_one_line_and_debug_shows_the_traceback(tmp_path,
 
 
 def test_a_bug_keeps_its_traceback(tiny_encoder, tmp_path, monkeypatch, capsys):
-    import hf_mocose.training as training
+    import hf_mocose.commands.train as training
 
     def broken_seed(seed):  # stands for a bug: a ValueError nobody raised on purpose
         return int("not a number")

@@ -9,7 +9,7 @@ from conftest import build_tiny_encoder
 from hf_mocose import MoCoSEModel
 from hf_mocose.data.corpus import load_sentences
 from hf_mocose.models.losses import twins_loss
-from hf_mocose.training import main
+from hf_mocose.commands.train import main
 
 
 def test_twins_loss_on_hand_made_vectors():
@@ -95,7 +95,7 @@ def test_ifcl_with_fraternal_view_trains_end_to_end(tiny_encoder, fraternal_enco
 
 
 def test_fraternal_needs_ifcl_and_a_model(tiny_encoder, tmp_path):
-    from hf_mocose.training import parse_args
+    from hf_mocose.commands.train import parse_args
 
     with pytest.raises(ValueError, match="set method ifcl"):
         parse_args(["--fraternal_column", "de", "--fraternal_model_name_or_path", "x", "--output_dir", str(tmp_path)])

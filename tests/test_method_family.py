@@ -7,7 +7,7 @@ import torch
 
 from conftest import CORPUS_FILE, make_trainer, needs_corpus, tiny_training_args
 from hf_mocose.methods.augmentation import EmbeddingAugmentation
-from hf_mocose.cli import main as cli_main
+from hf_mocose.commands.cli import main as cli_main
 from hf_mocose.methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance, plan
 from hf_mocose.models.queue import KeyQueue
 
@@ -371,7 +371,7 @@ def test_given_positive_replaces_the_key(tiny_encoder, method):
 
 
 def test_positive_column_end_to_end(tiny_encoder, tmp_path):
-    from hf_mocose.training import main
+    from hf_mocose.commands.train import main
 
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(f'{{"text": "sentence {i} here", "para": "a paraphrase of sentence {i}"}}\n' for i in range(24)))

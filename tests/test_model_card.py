@@ -11,7 +11,8 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from hf_mocose import MoCoSEModel, cli
+from hf_mocose import MoCoSEModel
+from hf_mocose.commands import cli
 from hf_mocose.model_card import find_template, read_eval_results, render_model_card, write_model_card
 
 # The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).

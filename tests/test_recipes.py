@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_mocose.sweep import load_sweep
-from hf_mocose.training import parse_args
+from hf_mocose.commands.sweep import load_sweep
+from hf_mocose.commands.train import parse_args
 from hf_mocose.training_args import MoCoSETrainingArguments
 
 REPO = Path(__file__).resolve().parents[1]

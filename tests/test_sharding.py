@@ -83,7 +83,7 @@ def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_mode
     ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
 ])
 def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, message):
-    from hf_mocose.training import refuse_sharded_launch
+    from hf_mocose.commands.train import refuse_sharded_launch
 
     for name in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
         monkeypatch.delenv(name, raising=False)
@@ -100,7 +100,7 @@ def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, 
 
 def test_fsdp_training_arguments_are_read_too(tmp_path):
     from conftest import tiny_training_args
-    from hf_mocose.training import refuse_sharded_launch
+    from hf_mocose.commands.train import refuse_sharded_launch
 
     refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 2}))
     with pytest.raises(ValueError, match="FSDP version 1"):

@@ -7,13 +7,13 @@ import pytest
 import yaml
 
 from conftest import SENTEVAL_DIR
-from hf_mocose.sweep import load_sweep, run_sweep
+from hf_mocose.commands.sweep import load_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_shipped_sweep_parses_and_its_runs_validate(tmp_path):
-    from hf_mocose.training import parse_args
+    from hf_mocose.commands.train import parse_args
 
     for path in sorted((REPO / "training_args" / "ablations").glob("*.yaml")):
         name, base, runs = load_sweep(path, tmp_path)
@@ -66,7 +66,7 @@ def test_smoke_sweep_runs_and_tabulates(tiny_encoder, tmp_path):
 
 
 def _parsed_runs(path, tmp_path):
-    from hf_mocose.training import parse_args
+    from hf_mocose.commands.train import parse_args
 
     _, base, runs = load_sweep(path, tmp_path)
     return {run.name: parse_args([str(REPO / base), *run.command(base, "x", [])[3:]])[1] for run in runs}
@@ -75,7 +75,7 @@ def _parsed_runs(path, tmp_path):
 def test_paper_recipes_keep_the_papers_heads_and_fgsm_whatever_the_defaults(tmp_path):
     """The library defaults are identity heads at 1e-3 (docs/quality.md); every paper recipe, and so every
     ablation grid built on one, still trains the paper's random heads at one learning rate with FGSM 5e-9."""
-    from hf_mocose.training import parse_args
+    from hf_mocose.commands.train import parse_args
     from hf_mocose.training_args import MoCoSETrainingArguments
 
     default = MoCoSETrainingArguments(output_dir=str(tmp_path / "d"))

@@ -18,15 +18,15 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-from .checkpoints import remove_temporary_files
-from .data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
+from ..checkpoints import remove_temporary_files
+from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
-from .hub_publishing import publish_final_model
-from .models.sequence_length import inference_max_seq_length
-from .sharding import launch_sharding, refuse_unsupported_sharding
-from .trainer import MoCoSETrainer
-from .trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
-from .training_args import MoCoSETrainingArguments
+from ..hub_publishing import publish_final_model
+from ..models.sequence_length import inference_max_seq_length
+from ..sharding import launch_sharding, refuse_unsupported_sharding
+from ..trainer import MoCoSETrainer
+from ..trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
+from ..training_args import MoCoSETrainingArguments
 
 logger = logging.getLogger("hf_mocose.train")
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """`main` for the command line: a settings mistake prints one line and returns 2 (`hf_mocose.errors`)."""
+    """`main` for the command line: a settings mistake prints one line and returns 2 (`hf_mocose.commands.errors`)."""
     return run_command("train.py", lambda: main(argv))
 
 

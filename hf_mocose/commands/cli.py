@@ -2,7 +2,7 @@
 
 Each feature module owns its own sub-commands through a `register(subparsers)` function, so
 this file only lists them. A settings mistake prints one line and exits with status 2; set
-HF_MOCOSE_DEBUG=1 for its traceback (see `hf_mocose.errors`).
+HF_MOCOSE_DEBUG=1 for its traceback (see `hf_mocose.commands.errors`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Callable
 
 DEBUG_ENV = "HF_MOCOSE_DEBUG"
 USAGE_EXIT_CODE = 2  # as argparse exits on a bad flag
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # hf_mocose/, whose raise statements speak to the user
 # transformers' own argument checks (TrainingArguments.__post_init__, HfArgumentParser) speak to the user too.
 _ARGUMENT_CHECKS = ("transformers/training_args.py", "transformers/hf_argparser.py")
 
@@ -32,7 +32,7 @@ def debug_enabled() -> bool:
 
 
 def _expected_types() -> tuple[type[BaseException], ...]:
-    from .hub import HubPushError
+    from ..hub import HubPushError
 
     return ValueError, FileNotFoundError, NotADirectoryError, HubPushError
 
