@@ -67,7 +67,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     """
     from transformers import AutoTokenizer
 
-    from .checkpoints import check_weights_complete
+    from .training.checkpoints import check_weights_complete
     from .models.modeling import MoCoSEModel
 
     path = Path(checkpoint)

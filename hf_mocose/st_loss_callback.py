@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
-from .callbacks import EMATargetCallback
+from .training.callbacks import EMATargetCallback
 from .st_loss_checkpoint import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state,
                                  is_new_best, load_loss_state, locate_checkpoint, run_folder, save_loss_state)
 from .st_loss_distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch

@@ -12,7 +12,7 @@ trainers take them). This class overrides only:
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
   - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json`
     (what the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
-    saves (`hf_mocose.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
+    saves (`hf_mocose.training.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
   - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
     the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
     sub-folders; `Trainer.push_to_hub`'s keywords reach the card.
@@ -36,15 +36,16 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
 from .methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .callbacks import EMATargetCallback, ema_decay_at, ema_decay_range
-from .checkpoints import prepare_resume
+from .training.callbacks import EMATargetCallback
+from .models.ema import ema_decay_at, ema_decay_range
+from .training.checkpoints import prepare_resume
 from .data.collator import ContrastiveCollator
 from .hub_publishing import HubPublishingMixin
 from .models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .model_card_facts import save_card_training_args
 from .models.modeling import MoCoSEModel, MoCoSEOutput
 from .methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
-from .sharding import complete_sharded_save, configure_sharding
+from .training.sharding import complete_sharded_save, configure_sharding
 from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .trainer_inputs import prepare_trainer_inputs
 from .trainer_switches import check_trainer_switches
@@ -358,7 +359,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         complete_sharded_save(self, output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.checkpoints`).
+        """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.training.checkpoints`).
 
         `"last"` (or True) picks the newest *complete* checkpoint of `output_dir`, saying which and
         why newer ones were skipped; an incomplete folder or weights file, or a checkpoint whose

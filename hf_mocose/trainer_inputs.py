@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
-from .checkpoints import check_weights_complete
+from .training.checkpoints import check_weights_complete
 from .data.corpus import tokenize_sentences
 from .models.encoder_init import CONFIG_LOCATION_KWARGS
 from .models.modeling import MoCoSEModel

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from .methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
-from .callbacks import validate_ema_decay
+from .models.ema import validate_ema_decay
 from .models.configuration import (
     METHOD_DEFAULTS,
     METHODS,

@@ -77,7 +77,7 @@ class EMAProbe:
     def __call__(self, decay):
         from torch.distributed.tensor.debug import CommDebugMode
 
-        from hf_mocose.sharding import is_sharded, local_shards
+        from hf_mocose.models.ema import is_sharded, local_shards
 
         cb = self.callback
         targets, onlines = local_shards(cb._target_params), local_shards(cb._online_params)
@@ -109,7 +109,7 @@ def control_collectives() -> int:
 
 def full_state(model) -> dict:
     """Every tensor of the model state, whole (sharded ones all-gathered), on the CPU."""
-    from hf_mocose.sharding import is_sharded
+    from hf_mocose.models.ema import is_sharded
 
     return {k: (v.full_tensor() if is_sharded(v) else v).detach().cpu().clone() for k, v in model.state_dict().items()}
 
@@ -117,7 +117,7 @@ def full_state(model) -> dict:
 def layout(model) -> dict:
     from torch.distributed.fsdp import FSDPModule
 
-    from hf_mocose.sharding import is_sharded
+    from hf_mocose.models.ema import is_sharded
 
     params = dict(model.named_parameters())
     return {

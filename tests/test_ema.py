@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import make_trainer
-from hf_mocose.callbacks import EMATargetCallback, ema_decay_at
+from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.models.ema import ema_decay_at
 from hf_mocose.methods.mtd import max_traceable_distance
 
 

@@ -26,7 +26,7 @@ import torch
 from conftest import REPO_ROOT, run_cli
 from fake_hub import FakeHub
 
-from hf_mocose.checkpoints import (
+from hf_mocose.training.checkpoints import (
     IncompleteCheckpointError,
     check_resume_compatible,
     checkpoint_problems,
@@ -84,7 +84,7 @@ import os, signal, sys
 from pathlib import Path
 
 import transformers.modeling_utils as modeling_utils
-from hf_mocose.training import main
+from hf_mocose.commands.train import main
 
 real_save = modeling_utils.safe_save_file
 

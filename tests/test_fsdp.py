@@ -193,7 +193,7 @@ def test_fsdp2_config_runs_scripts_train_end_to_end(tiny_encoder, tmp_path, sts_
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from hf_mocose.checkpoints import checkpoint_problems
+    from hf_mocose.training.checkpoints import checkpoint_problems
 
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"

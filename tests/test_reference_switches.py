@@ -6,7 +6,7 @@ import torch
 
 from conftest import build_tiny_encoder, make_trainer
 from hf_mocose import MoCoSEModel
-from hf_mocose.callbacks import EMATargetCallback
+from hf_mocose.training.callbacks import EMATargetCallback
 from hf_mocose.models.configuration import MoCoSEConfig
 
 

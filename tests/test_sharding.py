@@ -1,4 +1,4 @@
-"""hf_mocose.sharding in one process: what is refused, the target's dtype, the save split, and FSDP2 on a
+"""hf_mocose.training.sharding in one process: what is refused, the target's dtype, the save split, and FSDP2 on a
 world of one (gloo, in this process) for the EMA's local shards. The 2-process runs are in test_fsdp.py."""
 
 from types import SimpleNamespace
@@ -8,15 +8,14 @@ import torch
 import torch.distributed as dist
 
 from hf_mocose import MoCoSEModel
-from hf_mocose.callbacks import EMATargetCallback
-from hf_mocose.sharding import (
+from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.training.sharding import (
     ShardedModelCallback,
-    check_twin_layout,
     complete_sharded_save,
     configure_sharding,
-    local_shards,
     match_target_to_master_weights,
 )
+from hf_mocose.models.ema import check_twin_layout, local_shards
 
 
 @pytest.fixture

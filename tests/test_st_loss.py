@@ -16,7 +16,7 @@ from datasets import Dataset
 from torch.nn import functional as F
 
 from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
-from hf_mocose.callbacks import ema_decay_at
+from hf_mocose.models.ema import ema_decay_at
 from hf_mocose.data.corpus import python_docs_sentences
 
 # No dropout anywhere: runs that should match do so exactly.

@@ -11,7 +11,7 @@ from transformers import TrainerCallback
 
 from conftest import make_st_trainer, tiny_sentence_transformer
 from fake_hub import TOKEN
-from hf_mocose.callbacks import ema_decay_at
+from hf_mocose.models.ema import ema_decay_at
 from hf_mocose.data.corpus import python_docs_sentences
 from test_hub import fake_hub  # noqa: F401  (the fixture: a recording stand-in for the Hub)
 from test_st_loss import _long_sentences, _losses

@@ -18,12 +18,12 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-from ..checkpoints import remove_temporary_files
+from ..training.checkpoints import remove_temporary_files
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
 from ..hub_publishing import publish_final_model
 from ..models.sequence_length import inference_max_seq_length
-from ..sharding import launch_sharding, refuse_unsupported_sharding
+from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from ..trainer import MoCoSETrainer
 from ..trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
 from ..training_args import MoCoSETrainingArguments

@@ -27,7 +27,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..callbacks import EMATensorPairs, ema_tensor_pairs
+from .ema import EMATensorPairs, ema_tensor_pairs
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
@@ -40,7 +40,7 @@ from .encoder_init import (
     set_encoder_dropout,
     start_from_pretrained,
 )
-from ..sharding import local_shards
+from .ema import local_shards
 
 @dataclass
 class MoCoSEOutput(ModelOutput):

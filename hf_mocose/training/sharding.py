@@ -5,9 +5,9 @@ Under FSDP2 (`torch.distributed.fsdp.fully_shard`, as accelerate's FSDP plugin a
 mesh. The target encoder and target heads have the exact structure of their online twins, so
 accelerate shards each target tensor like its twin: same mesh, same placements, the same rows on
 each rank, whichever FSDP unit holds it. The EMA therefore needs no communication at all: it
-interpolates each rank's *local* shards in place (`local_shards`), on the sharded fp32 master
-weights the optimizer has just updated. `check_twin_layout` refuses a pair that is not laid out
-like that (e.g. a target left unsharded), naming the parameter.
+interpolates each rank's *local* shards in place (`hf_mocose.models.ema.local_shards`), on the sharded
+fp32 master weights the optimizer has just updated. `models.ema.check_twin_layout` refuses a pair that
+is not laid out like that (e.g. a target left unsharded), naming the parameter.
 
 What else this module does for `MoCoSETrainer` (`configure_sharding`, called once in `__init__`):
   - refuses what the EMA cannot follow (`refuse_unsupported_sharding`): FSDP1 (flat parameters)
@@ -31,46 +31,10 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-try:  # torch >= 2.4
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - older torch has no FSDP2 either
-    DTensor = None
+from ..models.ema import is_sharded
 
 FSDP2_CONFIG = "configs/accelerate/fsdp2.yaml"
 EMBED_METHOD = "embed"
-
-
-def is_sharded(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` is a `DTensor` (an FSDP2 parameter)."""
-    return DTensor is not None and isinstance(tensor, DTensor)
-
-
-def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's local part: a `DTensor`'s local shard (the storage FSDP2 and the optimizer update,
-    so in-place ops on it change the parameter), any other tensor as it is. No communication."""
-    with torch.no_grad():  # to_local() then returns the local tensor itself, not an autograd view
-        return [t.to_local() if is_sharded(t) else t for t in tensors]
-
-
-def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> None:
-    """Raises a `ValueError` naming `name` unless `target` is laid out like `online`, so that their local
-    shards pair up element for element: both unsharded, or both `DTensor`s on the same mesh with the same
-    placements and local shape."""
-    if is_sharded(online) != is_sharded(target):
-        which = "online" if is_sharded(online) else "target"
-        raise ValueError(
-            f"EMA pair {name!r}: only the {which} tensor is sharded (FSDP2). The target must be sharded like the "
-            "online branch (the same fully_shard calls on both), or neither."
-        )
-    if is_sharded(online):
-        if online.device_mesh != target.device_mesh or online.placements != target.placements:
-            raise ValueError(
-                f"EMA pair {name!r} is sharded differently: online {online.placements} on {online.device_mesh}, "
-                f"target {target.placements} on {target.device_mesh}. Shard both with the same mesh and placements."
-            )
-        if online.to_local().shape != target.to_local().shape:
-            raise ValueError(f"EMA pair {name!r}: local shards of shape {tuple(online.to_local().shape)} (online) "
-                             f"and {tuple(target.to_local().shape)} (target) do not pair up.")
 
 
 def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
@@ -207,7 +171,7 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
             if trainer.processing_class is not None:
                 trainer.processing_class.save_pretrained(output_dir)
             torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-            from .model_card_facts import save_card_training_args
+            from ..model_card_facts import save_card_training_args
 
             save_card_training_args(trainer.args, output_dir)
         return

@@ -326,7 +326,7 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
 
 def _model_fields(config) -> dict:
     """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
-    from .models.configuration import MODEL_CONFIG_FIELDS
+    from ..models.configuration import MODEL_CONFIG_FIELDS
 
     flat = _flat_config(config.to_dict())
     return {k: v for k, v in flat.items()
@@ -339,7 +339,7 @@ def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, t
     Returns the `MODEL_CONFIG_FIELDS` that differ without changing a shape (`{field: (checkpoint,
     model)}`), for the caller to warn about: the weights load, and training goes on with the model's values.
     """
-    from .models.configuration import MODEL_CONFIG_FIELDS
+    from ..models.configuration import MODEL_CONFIG_FIELDS
 
     checkpoint = Path(checkpoint)
     # Read back through the config class, so that defaults left out of config.json compare equal.
