@@ -234,7 +234,7 @@ class MoCoSELoss(nn.Module):
 
     @property
     def citation(self) -> str:
-        from .model_card import CITATIONS
+        from .publishing.model_card import CITATIONS
 
         return CITATIONS["mocose"]
 

@@ -40,9 +40,9 @@ from .training.callbacks import EMATargetCallback
 from .models.ema import ema_decay_at, ema_decay_range
 from .training.checkpoints import prepare_resume
 from .data.collator import ContrastiveCollator
-from .hub_publishing import HubPublishingMixin
+from .publishing.hub_publishing import HubPublishingMixin
 from .models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
-from .model_card_facts import save_card_training_args
+from .publishing.model_card_facts import save_card_training_args
 from .models.modeling import MoCoSEModel, MoCoSEOutput
 from .methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
 from .training.sharding import complete_sharded_save, configure_sharding

@@ -12,7 +12,12 @@ import torch
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli
-from hf_mocose.export import export_to_sentence_transformers, probe_sentences, reference_embeddings, verify_export
+from hf_mocose.publishing.export import (
+    export_to_sentence_transformers,
+    probe_sentences,
+    reference_embeddings,
+    verify_export,
+)
 
 POOLINGS = ("cls", "cls_dense", "mean")
 # Mixed lengths: short ones padded in a batch; one longer than the training length MAX_LEN (~66 tokens), one

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli
 from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
 
-from hf_mocose.hub import HubPushError, list_upload_files, push_export, validate_repo_id
+from hf_mocose.publishing.hub import HubPushError, list_upload_files, push_export, validate_repo_id
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def export_dir(tiny_encoder, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.export import export_to_sentence_transformers
+    from hf_mocose.publishing.export import export_to_sentence_transformers
 
     root = tmp_path_factory.mktemp("hub")
     model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling="cls_dense", queue_size=8, queue_init_size=4)
@@ -133,7 +133,7 @@ def fake_trainer(output_dir: Path, strategy: str = "end", **args):
 
 
 def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(fake_hub, export_dir):
-    from hf_mocose.hub_publishing import publish_final_model
+    from hf_mocose.publishing.hub_publishing import publish_final_model
 
     run_dir = export_dir.parent
     trainer = fake_trainer(run_dir, ema_decay_end=0.95, per_device_train_batch_size=8)
@@ -157,7 +157,7 @@ def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(f
 @pytest.mark.parametrize("strategy, folder", [("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-10"),
                                               ("every_save", "mocose"), ("end", None)])
 def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, strategy, folder):
-    from hf_mocose.hub_publishing import push_training_checkpoint
+    from hf_mocose.publishing.hub_publishing import push_training_checkpoint
 
     checkpoint = tmp_path / "checkpoint-10"
     checkpoint.mkdir()

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli
-from hf_mocose.model_card import find_template, read_eval_results, render_model_card, write_model_card
+from hf_mocose.publishing.model_card import find_template, read_eval_results, render_model_card, write_model_card
 
 # The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).
 EVAL = {
@@ -37,7 +37,7 @@ def run(tiny_encoder, tmp_path_factory):
     """A fake training run: output dir with training_args.json and trainer_state.json, final/ checkpoint, export."""
     from transformers import AutoTokenizer
 
-    from hf_mocose.export import export_to_sentence_transformers
+    from hf_mocose.publishing.export import export_to_sentence_transformers
 
     out = tmp_path_factory.mktemp("run")
     model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling="cls_dense", queue_size=8, queue_init_size=4,
@@ -122,7 +122,7 @@ def test_transformers_snippet_reproduces_sentence_transformers(run, tiny_encoder
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
-    from hf_mocose.export import export_to_sentence_transformers
+    from hf_mocose.publishing.export import export_to_sentence_transformers
 
     model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling=pooling, queue_size=8, queue_init_size=4,
                                      max_seq_length=16)
@@ -205,7 +205,7 @@ def test_eval_results_inputs(tmp_path):
 def test_cli_export_writes_the_card(run, tmp_path, capsys):
     out, _, _ = run
     original = cli.COMMAND_MODULES
-    cli.COMMAND_MODULES = ("hf_mocose.publish_commands",)
+    cli.COMMAND_MODULES = ("hf_mocose.publishing.commands",)
     try:
         code = cli.main(["export", str(out / "final"), str(tmp_path / "exp"), "--eval_results", str(out / "eval.json"),
                          "--repo_id", "alice/tiny", "--dataset", "princeton-nlp/datasets-for-simcse"])
@@ -293,7 +293,7 @@ def test_card_never_unpickles_training_args_bin(run, tmp_path):
 def test_training_args_json_is_what_the_card_reads(run, tmp_path):
     """`save_card_training_args` (called by MoCoSETrainer._save) records the card's fields, no secrets, and the
     process count, so the global batch size on the card is exact."""
-    from hf_mocose.model_card_facts import TRAINING_ARGS_JSON, save_card_training_args
+    from hf_mocose.publishing.model_card_facts import TRAINING_ARGS_JSON, save_card_training_args
     from hf_mocose.training_args import MoCoSETrainingArguments
 
     out, export, _ = run
@@ -312,7 +312,7 @@ def test_training_args_json_is_what_the_card_reads(run, tmp_path):
 
 
 def test_trainer_card_keywords_have_transformers_meaning(run):
-    from hf_mocose.model_card import card_kwargs_from_trainer_keywords
+    from hf_mocose.publishing.model_card import card_kwargs_from_trainer_keywords
 
     out, export, _ = run
     card_kwargs = card_kwargs_from_trainer_keywords(

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from conftest import make_trainer, tiny_training_args
 from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
 
-from hf_mocose.hub import HubPushError
+from hf_mocose.publishing.hub import HubPushError
 
 SENTENCES = 24
 

@@ -16,7 +16,7 @@ from .errors import run_command
 # module path -> what it adds; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
     "hf_mocose.evaluation.commands",  # evaluate, diagnose
-    "hf_mocose.publish_commands",  # export, push
+    "hf_mocose.publishing.commands",  # export, push
     "hf_mocose.methods.mtd",  # mtd
 )
 

@@ -32,7 +32,7 @@ def debug_enabled() -> bool:
 
 
 def _expected_types() -> tuple[type[BaseException], ...]:
-    from ..hub import HubPushError
+    from ..publishing.hub import HubPushError
 
     return ValueError, FileNotFoundError, NotADirectoryError, HubPushError
 

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from ..training.checkpoints import remove_temporary_files
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
 from .errors import run_command
-from ..hub_publishing import publish_final_model
+from ..publishing.hub_publishing import publish_final_model
 from ..models.sequence_length import inference_max_seq_length
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from ..trainer import MoCoSETrainer

@@ -171,7 +171,7 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
             if trainer.processing_class is not None:
                 trainer.processing_class.save_pretrained(output_dir)
             torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-            from ..model_card_facts import save_card_training_args
+            from ..publishing.model_card_facts import save_card_training_args
 
             save_card_training_args(trainer.args, output_dir)
         return

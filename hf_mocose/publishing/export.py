@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .models.encoding import encode_with_model
-from .models.sequence_length import inference_max_seq_length
+from ..models.encoding import encode_with_model
+from ..models.sequence_length import inference_max_seq_length
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     """
     from transformers import AutoTokenizer
 
-    from .training.checkpoints import check_weights_complete
-    from .models.modeling import MoCoSEModel
+    from ..training.checkpoints import check_weights_complete
+    from ..models.modeling import MoCoSEModel
 
     path = Path(checkpoint)
     if not path.is_dir():

@@ -216,7 +216,7 @@ def collect_training_details(
                              * (world_size or 1))
     d_trace = None
     if config.get("method", "mocose") == "mocose" and "ema_decay_end" in train and global_batch_size:
-        from .methods.mtd import max_traceable_distance
+        from ..methods.mtd import max_traceable_distance
 
         d_trace = max_traceable_distance(train["ema_decay_end"], config.get("queue_size", 512), global_batch_size)
     for entry in reversed(state.get("log_history", [])):

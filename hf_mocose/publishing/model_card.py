@@ -30,7 +30,7 @@ from .model_card_facts import (
     collect_training_details,
     read_eval_results,
 )
-from .models.sequence_length import sentence_transformers_max_seq_length
+from ..models.sequence_length import sentence_transformers_max_seq_length
 
 __all__ = ["CITATIONS", "TRAINER_CARD_KEYWORDS", "card_kwargs_from_trainer_keywords", "find_template",
            "read_eval_results", "render_model_card", "write_model_card"]
@@ -77,7 +77,7 @@ def find_template(template: str | os.PathLike | None = None) -> Path:
     if template is not None and Path(template).is_file():
         return Path(template)
     name = DEFAULT_TEMPLATE if template is None else str(template)
-    candidates = [Path(__file__).resolve().parents[1] / "model_cards" / name]
+    candidates = [Path(__file__).resolve().parents[2] / "model_cards" / name]
     try:
         candidates.append(Path(str(resources.files("hf_mocose") / "templates" / name)))
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual loaders
