@@ -23,14 +23,14 @@ AutoModel.register(MoCoSEConfig, MoCoSEModel, exist_ok=True)
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
     "MoCoSELoss": ".st_loss",
-    "MoCoSETrainer": ".trainer",
-    "MoCoSETrainingArguments": ".training_args",
+    "MoCoSETrainer": ".trainer.mocose_trainer",
+    "MoCoSETrainingArguments": ".trainer.training_args",
 }
 
 if TYPE_CHECKING:
     from .st_loss import MoCoSELoss
-    from .trainer import MoCoSETrainer
-    from .training_args import MoCoSETrainingArguments
+    from .trainer.mocose_trainer import MoCoSETrainer
+    from .trainer.training_args import MoCoSETrainingArguments
 
 
 def __getattr__(name: str):

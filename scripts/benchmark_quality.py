@@ -245,8 +245,8 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.data.corpus import tokenize_sentences
-    from hf_mocose.trainer import MoCoSETrainer
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     args = MoCoSETrainingArguments(**common, **settings)
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())

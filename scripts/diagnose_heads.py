@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.data.corpus import load_sentences
-    from hf_mocose.trainer_inputs import resolve_model_path
+    from hf_mocose.trainer.inputs import resolve_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:all-MiniLM-L6-v2", help="encoder folder, Hub id or builtin:")

@@ -108,8 +108,8 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
         return trainer, None
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.trainer import MoCoSETrainer
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
                     "mocose_exact": ("mocose", "exact")}[variant]

@@ -78,7 +78,7 @@ def _seed():
 
 def tiny_training_args(output_dir, **overrides):
     """MoCoSETrainingArguments for fast CPU tests (small batch/queue, no eval, no saving, no logging to files)."""
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     defaults = dict(
         output_dir=str(output_dir),
@@ -112,7 +112,7 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.data.corpus import python_docs_sentences, tokenize_fraternal, tokenize_sentences
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
     from datasets import Dataset
 
     args = tiny_training_args(output_dir, **overrides)

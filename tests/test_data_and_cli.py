@@ -158,7 +158,7 @@ def test_interrupted_run_resumes_from_last_checkpoint(tiny_encoder, tmp_path, mo
     import torch
 
     from hf_mocose import MoCoSEModel
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
 
     def argv(out):
         return ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "64",

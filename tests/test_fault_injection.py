@@ -364,7 +364,7 @@ def test_train_script_exit_status_and_debug_variable(tmp_path):
 
 # ----------------------------------------------------------------------------- the Hub token
 def test_pickled_arguments_never_hold_the_token(tmp_path):
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     args = MoCoSETrainingArguments(output_dir=str(tmp_path), use_cpu=True, hub_token="hf_pickleProbe")
     for copied in (pickle.loads(pickle.dumps(args)), copy.copy(args), copy.deepcopy(args)):

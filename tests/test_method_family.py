@@ -54,7 +54,7 @@ def test_slices_outside_the_queue_are_rejected(tmp_path, value):
 def test_trainer_uses_only_sliced_negatives(tiny_encoder, tmp_path, monkeypatch):
     trainer = make_trainer(tiny_encoder, tmp_path, queue_size=10, queue_init_size=10, queue_slice="0:4", fgsm_mode="off")
     seen = {}
-    import hf_mocose.trainer as trainer_module
+    import hf_mocose.trainer.mocose_trainer as trainer_module
 
     original = trainer_module.info_nce_loss
 
@@ -215,7 +215,7 @@ UNA_ARGS = dict(hard_negatives="una", una_window=0.5, una_frequency=2, fgsm_mode
 
 def _spy_on_info_nce(monkeypatch):
     """Records (queries, candidate keys, positive_index, extra negatives) of every InfoNCE the trainer computes."""
-    import hf_mocose.trainer as trainer_module
+    import hf_mocose.trainer.mocose_trainer as trainer_module
 
     calls, original = [], trainer_module.info_nce_loss
 
@@ -282,7 +282,7 @@ def test_una_statistics_count_the_given_paraphrases_too(tiny_encoder, tmp_path):
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.data.corpus import tokenize_sentences
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
 
     args = tiny_training_args(tmp_path, **UNA_ARGS)
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)

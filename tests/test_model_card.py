@@ -294,7 +294,7 @@ def test_training_args_json_is_what_the_card_reads(run, tmp_path):
     """`save_card_training_args` (called by MoCoSETrainer._save) records the card's fields, no secrets, and the
     process count, so the global batch size on the card is exact."""
     from hf_mocose.publishing.model_card_facts import TRAINING_ARGS_JSON, save_card_training_args
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     out, export, _ = run
     checkpoint = tmp_path / "ckpt"

@@ -12,7 +12,7 @@ import pytest
 
 from hf_mocose.commands.sweep import load_sweep
 from hf_mocose.commands.train import parse_args
-from hf_mocose.training_args import MoCoSETrainingArguments
+from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "training_args"

@@ -47,7 +47,7 @@ def test_projection_dim_trains_end_to_end_and_survives_a_checkpoint(tiny_encoder
     ({"projection_dim": 0}, "projection_dim must be a whole number >= 1"),
 ])
 def test_bad_projection_dim_is_refused_before_training(tmp_path, kwargs, match):
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     with pytest.raises(ValueError, match=match):
         MoCoSETrainingArguments(output_dir=str(tmp_path), **kwargs)
@@ -116,7 +116,7 @@ def test_shared_embedding_module_works_for_distilbert(tmp_path):
     ({"shared_embeddings": "module", "method": "simcse"}, "only method='mocose' has"),
 ])
 def test_bad_shared_embeddings_is_refused_before_training(tmp_path, kwargs, match):
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     with pytest.raises(ValueError, match=match):
         MoCoSETrainingArguments(output_dir=str(tmp_path), **kwargs)

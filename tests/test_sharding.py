@@ -9,9 +9,9 @@ import torch.distributed as dist
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.trainer.sharded_save import complete_sharded_save
 from hf_mocose.training.sharding import (
     ShardedModelCallback,
-    complete_sharded_save,
     configure_sharding,
     match_target_to_master_weights,
 )

@@ -36,11 +36,11 @@ def _norm(grads, prefix=""):
 def test_top_level_exports_import_lazily():
     code = (
         "import sys, hf_mocose\n"
-        "assert not {'hf_mocose.st_loss', 'hf_mocose.trainer', 'sentence_transformers'} & set(sys.modules)\n"
+        "assert not {'hf_mocose.st_loss', 'hf_mocose.trainer.mocose_trainer', 'sentence_transformers'} & set(sys.modules)\n"
         "from hf_mocose import MoCoSELoss, MoCoSETrainer, MoCoSETrainingArguments\n"
         "from hf_mocose.st_loss import MoCoSELoss as loss\n"
-        "from hf_mocose.trainer import MoCoSETrainer as trainer\n"
-        "from hf_mocose.training_args import MoCoSETrainingArguments as args\n"
+        "from hf_mocose.trainer.mocose_trainer import MoCoSETrainer as trainer\n"
+        "from hf_mocose.trainer.training_args import MoCoSETrainingArguments as args\n"
         "assert (MoCoSELoss, MoCoSETrainer, MoCoSETrainingArguments) == (loss, trainer, args)\n"
         "assert {'MoCoSELoss', 'MoCoSETrainer', 'MoCoSETrainingArguments'} <= set(dir(hf_mocose))\n"
     )

@@ -93,7 +93,7 @@ def test_importing_the_core_loads_no_evaluation_module():
     modules = sorted(
         _module_name(path) for path in _core_files() if path.name != "__init__.py"
     )
-    assert {"hf_mocose.trainer", "hf_mocose.publishing.export", "hf_mocose.models.modeling", "hf_mocose.st_loss"} <= set(modules)
+    assert {"hf_mocose.trainer.mocose_trainer", "hf_mocose.publishing.export", "hf_mocose.models.modeling", "hf_mocose.st_loss"} <= set(modules)
     script = (
         "import importlib, json, sys\n"
         f"for name in {modules!r}:\n"
@@ -110,7 +110,7 @@ def test_importing_the_core_loads_no_evaluation_module():
 def test_moved_names_are_still_importable_from_evaluation():
     """The old public import paths re-export the core objects themselves (no copies)."""
     from hf_mocose.models import encoding
-    from hf_mocose import trainer_evaluation
+    from hf_mocose.trainer import sts_evaluation as trainer_evaluation
     from hf_mocose.data import sts_files
     from hf_mocose.evaluation import encoders, sts, trainer_sts
 

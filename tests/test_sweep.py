@@ -76,7 +76,7 @@ def test_paper_recipes_keep_the_papers_heads_and_fgsm_whatever_the_defaults(tmp_
     """The library defaults are identity heads at 1e-3 (docs/quality.md); every paper recipe, and so every
     ablation grid built on one, still trains the paper's random heads at one learning rate with FGSM 5e-9."""
     from hf_mocose.commands.train import parse_args
-    from hf_mocose.training_args import MoCoSETrainingArguments
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     default = MoCoSETrainingArguments(output_dir=str(tmp_path / "d"))
     assert (default.head_init, default.head_learning_rate) == ("identity", 1e-3)

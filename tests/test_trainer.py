@@ -128,7 +128,7 @@ def test_in_batch_only_methods_need_two_sentences_per_step(tiny_encoder, tmp_pat
 
 def test_model_config_wins_over_differing_arguments(tiny_encoder, tmp_path, caplog):
     from hf_mocose import MoCoSEModel
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
     from conftest import tiny_training_args
 
     model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=10, queue_init_size=3, max_seq_length=16)

@@ -68,7 +68,7 @@ def test_a_dict_of_sts_datasets_prefixes_each(tiny_encoder, tmp_path):
 
 
 def test_wrong_eval_columns_fail_before_training(tiny_encoder, tmp_path):
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
 
     base = make_trainer(tiny_encoder, tmp_path)
     bad = Dataset.from_dict({"text": ["a", "b"], "label": [1, 0]})

@@ -1,4 +1,4 @@
-"""`MoCoSETrainer`'s front doors (`hf_mocose.trainer_inputs`): a model id/folder or a loaded encoder, no tokenizer,
+"""`MoCoSETrainer`'s front doors (`hf_mocose.trainer.inputs`): a model id/folder or a loaded encoder, no tokenizer,
 raw sentences -- as TRL's trainers take them -- and `evaluate`/`predict` with `compute_metrics`."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_model_init_kwargs_reach_from_pretrained(tiny_encoder, tmp_path, caplog)
     assert MoCoSETrainer(model=tiny_encoder, args=tiny_training_args(tmp_path)).model.dtype == torch.float32
     with pytest.raises(ValueError, match="model_init_kwargs dtype 'bf16' is not a dtype"):
         MoCoSETrainer(model=tiny_encoder, args=tiny_training_args(tmp_path, model_init_kwargs={"dtype": "bf16"}))
-    with caplog.at_level(logging.WARNING, logger="hf_mocose.trainer_inputs"):
+    with caplog.at_level(logging.WARNING, logger="hf_mocose.trainer.inputs"):
         MoCoSETrainer(model=trainer.model, args=args, processing_class=trainer.processing_class)
     assert "model_init_kwargs are for a model id or folder" in caplog.text
 
@@ -111,7 +111,7 @@ def test_bad_models_and_arguments_are_refused_in_one_line(tiny_encoder, tmp_path
 
 
 def test_builtin_minilm_names_its_hub_id(tmp_path):
-    from hf_mocose.trainer_inputs import MINILM_HUB_ID, build_mocose_model
+    from hf_mocose.trainer.inputs import MINILM_HUB_ID, build_mocose_model
 
     model = build_mocose_model("builtin:all-MiniLM-L6-v2", tiny_training_args(tmp_path, method="simcse"))
     assert model.config.base_model_name_or_path == MINILM_HUB_ID and model.config.base_max_seq_length == 256
@@ -158,7 +158,7 @@ def test_default_evaluation_is_turned_off_when_there_is_nothing_to_score(tiny_en
     refuse to start, so evaluation is turned off, saying so; `load_best_model_at_end` cannot be, and is refused."""
     from hf_mocose import MoCoSETrainingArguments
 
-    with caplog.at_level(logging.WARNING, logger="hf_mocose.trainer_inputs"):
+    with caplog.at_level(logging.WARNING, logger="hf_mocose.trainer.inputs"):
         trainer = MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path)))
     assert trainer.args.eval_strategy == "no" and "training without evaluation" in caplog.text
     with_pairs = MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path)),

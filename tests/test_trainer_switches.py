@@ -280,7 +280,7 @@ def test_switch_is_refused_in_one_line_before_training(settings, message, tiny_e
 
 def test_metric_names_follow_a_dict_of_eval_datasets(tiny_encoder, tmp_path):
     from conftest import tiny_training_args
-    from hf_mocose.trainer import MoCoSETrainer
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
 
     base = build(tiny_encoder, tmp_path)
     pairs = Dataset.from_dict({"sentence1": [a for a, _, _ in STS_PAIRS], "sentence2": [b for _, b, _ in STS_PAIRS],

@@ -24,9 +24,9 @@ from .errors import run_command
 from ..publishing.hub_publishing import publish_final_model
 from ..models.sequence_length import inference_max_seq_length
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
-from ..trainer import MoCoSETrainer
-from ..trainer_inputs import build_mocose_model, check_model_source, load_tokenizer
-from ..training_args import MoCoSETrainingArguments
+from ..trainer.mocose_trainer import MoCoSETrainer
+from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
+from ..trainer.training_args import MoCoSETrainingArguments
 
 logger = logging.getLogger("hf_mocose.train")
 

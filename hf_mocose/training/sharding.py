@@ -15,21 +15,17 @@ What else this module does for `MoCoSETrainer` (`configure_sharding`, called onc
   - under mixed precision, makes the target fp32 like the online master weights accelerate keeps;
   - adds `ShardedModelCallback`: after `accelerator.prepare()`, `embed` (evaluation) becomes an FSDP
     forward method and the replicated buffers (the key queue) start from rank 0's;
-  - `save_model` under `SHARDED_STATE_DICT` (`complete_sharded_save`): a checkpoint folder gets the
-    config and tokenizer beside accelerate's DCP folder, and any other folder (the final model, what
-    export and push read) gets the full weights, as with `FULL_STATE_DICT`.
+(`MoCoSETrainer.save_model` under `SHARDED_STATE_DICT` is completed by `hf_mocose.trainer.sharded_save`.)
 The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..models.ema import is_sharded
 
@@ -143,36 +139,3 @@ def configure_sharding(trainer, config) -> None:
         if config.uses_target and trainer.accelerator.mixed_precision != "no":
             match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
         trainer.add_callback(ShardedModelCallback())
-
-
-def uses_sharded_state_dict(trainer) -> bool:
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
-    return plugin is not None and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
-
-
-def complete_sharded_save(trainer, output_dir: str) -> None:
-    """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
-
-    - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
-      training_args.bin and training_args.json (the card's) beside the DCP folder, so the checkpoint is
-      recognised and checked on resume;
-    - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
-      saves them, so export and push read a plain `save_pretrained` folder.
-    Runs on every process (the gather is collective). A no-op for other set-ups.
-    """
-    if not uses_sharded_state_dict(trainer):
-        return
-    if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
-        if trainer.args.should_save:
-            from transformers.trainer import TRAINING_ARGS_NAME
-
-            os.makedirs(output_dir, exist_ok=True)
-            trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(output_dir)
-            if trainer.processing_class is not None:
-                trainer.processing_class.save_pretrained(output_dir)
-            torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-            from ..publishing.model_card_facts import save_card_training_args
-
-            save_card_training_args(trainer.args, output_dir)
-        return
-    trainer._save(output_dir, state_dict=trainer.accelerator.get_state_dict(trainer.model))

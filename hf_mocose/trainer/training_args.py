@@ -6,18 +6,18 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
-from .models.ema import validate_ema_decay
-from .models.configuration import (
+from ..methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
+from ..models.ema import validate_ema_decay
+from ..models.configuration import (
     METHOD_DEFAULTS,
     METHODS,
     MODEL_CONFIG_FIELDS,
     SHARED_EMBEDDINGS,
     validate_method_hparams,
 )
-from .models.heads import HEAD_INITS
-from .models.pooling import SENTENCE_POOLING_MODES
-from .models.queue import format_queue_slices, parse_queue_slices
+from ..models.heads import HEAD_INITS
+from ..models.pooling import SENTENCE_POOLING_MODES
+from ..models.queue import format_queue_slices, parse_queue_slices
 
 UNA_USAGES = ("paper", "negative")
 
@@ -346,8 +346,8 @@ class MoCoSETrainingArguments(TrainingArguments):
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
-        from .methods.augmentation import EmbeddingAugmentation
-        from .methods.una import validate_una_alpha, validate_una_frequency, validate_una_window
+        from ..methods.augmentation import EmbeddingAugmentation
+        from ..methods.una import validate_una_alpha, validate_una_frequency, validate_una_window
 
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,

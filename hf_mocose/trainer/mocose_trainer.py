@@ -35,20 +35,21 @@ from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
 from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
-from .methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
-from .training.callbacks import EMATargetCallback
-from .models.ema import ema_decay_at, ema_decay_range
-from .training.checkpoints import prepare_resume
-from .data.collator import ContrastiveCollator
-from .publishing.hub_publishing import HubPublishingMixin
-from .models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
-from .publishing.model_card_facts import save_card_training_args
-from .models.modeling import MoCoSEModel, MoCoSEOutput
-from .methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
-from .training.sharding import complete_sharded_save, configure_sharding
-from .trainer_evaluation import STSEvaluationMixin, stsb_dev_dataset
-from .trainer_inputs import prepare_trainer_inputs
-from .trainer_switches import check_trainer_switches
+from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
+from ..training.callbacks import EMATargetCallback
+from ..models.ema import ema_decay_at, ema_decay_range
+from ..training.checkpoints import prepare_resume
+from ..data.collator import ContrastiveCollator
+from ..publishing.hub_publishing import HubPublishingMixin
+from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
+from ..publishing.model_card_facts import save_card_training_args
+from ..models.modeling import MoCoSEModel, MoCoSEOutput
+from ..methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from ..training.sharding import configure_sharding
+from .sharded_save import complete_sharded_save
+from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
+from .inputs import prepare_trainer_inputs
+from .switches import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
 FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
@@ -88,7 +89,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         model: a `MoCoSEModel`; a model id or folder (`str`) -- a MoCoSE checkpoint, or an encoder that a
             fresh MoCoSE model is built around with the *(model)* fields of `args`, loaded with
             `args.model_init_kwargs` (e.g. `{"dtype": "bfloat16"}`); `builtin:all-MiniLM-L6-v2`; or a loaded
-            `PreTrainedModel` encoder (see `hf_mocose.trainer_inputs`).
+            `PreTrainedModel` encoder (see `hf_mocose.trainer.inputs`).
         args: `MoCoSETrainingArguments`.
         train_dataset: raw sentences in a `text` column (tokenised here, truncated at `max_seq_length`;
             optional `positive_text`), or tokenised ones (`input_ids`, `attention_mask`, ...; plus `text`,
@@ -140,7 +141,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     @staticmethod
     def _build_una(args: MoCoSETrainingArguments, train_dataset: Dataset | None):
-        from .methods.una import UNAAugmenter, UNAStatistics
+        from ..methods.una import UNAAugmenter, UNAStatistics
 
         if train_dataset is None or "text" not in train_dataset.column_names:
             raise ValueError("hard_negatives='una' needs the training sentences: keep a `text` column in train_dataset.")

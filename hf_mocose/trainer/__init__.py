@@ -1,0 +1,12 @@
+"""The `transformers.Trainer` front end: `MoCoSETrainer` and `MoCoSETrainingArguments` (TRL's trainer/config pair).
+
+- `training_args`: `MoCoSETrainingArguments`, every field with its help, checked before any work.
+- `mocose_trainer`: `MoCoSETrainer`, which overrides only `compute_loss`, `training_step`, `log` and the
+  checkpoint/evaluation/Hub hooks of `Trainer`.
+- `inputs`: what the trainer accepts (a model id or folder, a loaded encoder, raw text, no tokenizer).
+- `sts_evaluation`: `Trainer.evaluate` as STS-B dev Spearman; `switches`: Trainer switches refused before training.
+- `sharded_save`: `save_model` under FSDP's `SHARDED_STATE_DICT`.
+
+May import: `hf_mocose.models`, `methods`, `data`, `training`, `publishing`. Never `st_loss`, evaluation or the
+command line.
+"""
