@@ -22,13 +22,13 @@ AutoModel.register(MoCoSEConfig, MoCoSEModel, exist_ok=True)
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
-    "MoCoSELoss": ".st_loss",
+    "MoCoSELoss": ".st_loss.loss",
     "MoCoSETrainer": ".trainer.mocose_trainer",
     "MoCoSETrainingArguments": ".trainer.training_args",
 }
 
 if TYPE_CHECKING:
-    from .st_loss import MoCoSELoss
+    from .st_loss.loss import MoCoSELoss
     from .trainer.mocose_trainer import MoCoSETrainer
     from .trainer.training_args import MoCoSETrainingArguments
 

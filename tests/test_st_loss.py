@@ -36,9 +36,9 @@ def _norm(grads, prefix=""):
 def test_top_level_exports_import_lazily():
     code = (
         "import sys, hf_mocose\n"
-        "assert not {'hf_mocose.st_loss', 'hf_mocose.trainer.mocose_trainer', 'sentence_transformers'} & set(sys.modules)\n"
+        "assert not {'hf_mocose.st_loss.loss', 'hf_mocose.trainer.mocose_trainer', 'sentence_transformers'} & set(sys.modules)\n"
         "from hf_mocose import MoCoSELoss, MoCoSETrainer, MoCoSETrainingArguments\n"
-        "from hf_mocose.st_loss import MoCoSELoss as loss\n"
+        "from hf_mocose.st_loss.loss import MoCoSELoss as loss\n"
         "from hf_mocose.trainer.mocose_trainer import MoCoSETrainer as trainer\n"
         "from hf_mocose.trainer.training_args import MoCoSETrainingArguments as args\n"
         "assert (MoCoSELoss, MoCoSETrainer, MoCoSETrainingArguments) == (loss, trainer, args)\n"
@@ -292,7 +292,7 @@ def test_model_card_names_the_loss_and_its_settings(tiny_encoder, tmp_path):
     trainer.train()
     trainer.model.save_pretrained(str(tmp_path / "model"))
     card = (tmp_path / "model" / "README.md").read_text()
-    assert "loss:MoCoSELoss" in card and "hf_mocose.st_loss.MoCoSELoss" in card
+    assert "loss:MoCoSELoss" in card and "hf_mocose.st_loss.loss.MoCoSELoss" in card
     for setting in ('"queue_size": 10', '"ema_decay_start": 0.8', '"ema_decay_end": 0.95',
                     '"contrastive_temperature": 0.07', '"fgsm_mode": "previous"', '"head_learning_rate": 0.001'):
         assert setting in card, setting
@@ -359,7 +359,7 @@ def test_data_it_cannot_use_fails_before_any_step(tiny_encoder, tmp_path, column
 
 
 def test_uneven_batches_across_processes_are_refused(tiny_encoder, tmp_path, monkeypatch):
-    from hf_mocose import st_loss_callback
+    from hf_mocose.st_loss import callback as st_loss_callback
 
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=Dataset.from_dict({"text": python_docs_sentences()[:30]}))
     monkeypatch.setattr(st_loss_callback, "rank_and_world", lambda: (0, 2))
@@ -381,7 +381,7 @@ def test_sharded_and_deepspeed_launches_are_refused(tiny_encoder, tmp_path, monk
 
 def test_fp16_under_a_gradient_clip_is_refused():
     """fp16 needs a GPU, so the refusal is checked on the arguments alone."""
-    from hf_mocose.st_loss_distributed import refuse_unsupported_launch
+    from hf_mocose.st_loss.distributed import refuse_unsupported_launch
 
     with pytest.raises(ValueError, match=r"fp16 with max_grad_norm=1.0 .* use bf16=True, or max_grad_norm=0"):
         refuse_unsupported_launch(SimpleNamespace(fp16=True, max_grad_norm=1.0))

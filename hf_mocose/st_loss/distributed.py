@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
-from .training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
+from ..training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -22,18 +22,26 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
-from .training.callbacks import EMATargetCallback
-from .st_loss_checkpoint import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state,
-                                 is_new_best, load_loss_state, locate_checkpoint, run_folder, save_loss_state)
-from .st_loss_distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch
+from ..training.callbacks import EMATargetCallback
+from .checkpoint import (
+    LOSS_STATE_DIR,
+    STATE_FILE,
+    checkpoint_folder,
+    fingerprint,
+    holds_loss_state,
+    is_new_best,
+    load_loss_state,
+    locate_checkpoint,
+    run_folder,
+    save_loss_state,
+)
+from .contract import MoCoSELossParts
+from .distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch
 
-if TYPE_CHECKING:
-    from .st_loss import MoCoSELoss
 
 HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
@@ -41,7 +49,7 @@ CHECKPOINT_PUSHES = (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)
 logger = logging.getLogger(__name__)
 
 
-def _covers_heads(mapping: dict, loss: MoCoSELoss) -> bool:
+def _covers_heads(mapping: dict, loss: MoCoSELossParts) -> bool:
     names = [f"online_head.{name}" for name, _ in loss.online_head.named_parameters()]
     return any(re.search(pattern, name) for pattern in mapping for name in names)
 
@@ -55,7 +63,7 @@ def _parts(dataset) -> list:
     return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
 
 
-def check_training_data(loss: MoCoSELoss, dataset, args=None) -> None:
+def check_training_data(loss: MoCoSELossParts, dataset, args=None) -> None:
     """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
     columns, a queue larger than the data, batches that differ between processes."""
     columns = [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]
@@ -94,7 +102,7 @@ class MoCoSELossCallback(EMATargetCallback):
         head_gradients: the heads' gradient averaging and joint clip (`HeadGradients`).
     """
 
-    def __init__(self, mocose_loss: MoCoSELoss):
+    def __init__(self, mocose_loss: MoCoSELossParts):
         settings = mocose_loss.settings
         super().__init__(mocose_loss, settings["ema_decay_start"], settings["ema_decay_end"], settings["ema_decay_horizon"])
         self.mocose_loss = mocose_loss

@@ -23,15 +23,15 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import all_gather
 from torch import Tensor, nn
 
-from .methods.augmentation import FGSMPerturbation
-from .models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
-from .models.configuration import METHOD_DEFAULTS, validate_method_hparams
-from .models.heads import build_predictor, build_projection, head_linear, init_head_weights
-from .models.losses import ContrastiveLossOutput, info_nce_loss
-from .models.queue import KeyQueue
-from .st_loss_callback import MoCoSELossCallback, check_training_data
-from .st_loss_checkpoint import load_loss_state, save_loss_state
-from .st_loss_distributed import rank_and_world, refuse_sharded_launch
+from ..methods.augmentation import FGSMPerturbation
+from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
+from ..models.configuration import METHOD_DEFAULTS, validate_method_hparams
+from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
+from ..models.losses import ContrastiveLossOutput, info_nce_loss
+from ..models.queue import KeyQueue
+from .callback import MoCoSELossCallback, check_training_data
+from .checkpoint import load_loss_state, save_loss_state
+from .distributed import rank_and_world, refuse_sharded_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
 RENAMED_ARGUMENTS = {"ema_decay": "ema_decay_start", "temperature": "contrastive_temperature"}
@@ -234,7 +234,7 @@ class MoCoSELoss(nn.Module):
 
     @property
     def citation(self) -> str:
-        from .publishing.model_card import CITATIONS
+        from ..publishing.model_card import CITATIONS
 
         return CITATIONS["mocose"]
 

@@ -13,14 +13,14 @@ when the search has an `hp_name` (the Trainer records it as `state.trial_name`),
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-if TYPE_CHECKING:
-    from .st_loss import MoCoSELoss
+from .contract import MoCoSELossParts
+
 
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
@@ -62,7 +62,7 @@ def holds_loss_state(checkpoint: Path, process_index: int, main_process: bool, f
     return not fgsm_previous or (folder / FGSM_STATE_FILE.format(rank=process_index)).is_file()
 
 
-def save_loss_state(loss: MoCoSELoss, checkpoint: str | Path, process_index: int, main_process: bool) -> None:
+def save_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index: int, main_process: bool) -> None:
     """Writes `checkpoint/mocose_loss/` (the module docstring): `state.pt` if `main_process`, and this
     process's FGSM "previous" sign."""
     folder = Path(checkpoint) / LOSS_STATE_DIR
@@ -75,7 +75,7 @@ def save_loss_state(loss: MoCoSELoss, checkpoint: str | Path, process_index: int
         torch.save(loss.fgsm.state_dict(), folder / FGSM_STATE_FILE.format(rank=process_index))
 
 
-def load_loss_state(loss: MoCoSELoss, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
+def load_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
     """Reads what `save_loss_state` wrote into the loss; returns `{"folder", "fingerprint"}` for the
     check that the model resumed with it is the one it was saved with."""
     folder = Path(checkpoint) / LOSS_STATE_DIR
