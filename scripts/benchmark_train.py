@@ -61,7 +61,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from train_variants import VARIANTS, benchmark_sentences, build_trainer, time_ema  # noqa: E402
 from turn_taking import Baton, make_step_timer  # noqa: E402
 

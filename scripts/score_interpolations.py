@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from benchmark_quality import DEFAULT_SENTEVAL, EVAL_TASKS, encoder_of, load_tasks, score_sts  # noqa: E402
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from turn_taking import sync_device
 
 VARIANTS = ("plain", "floor", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
@@ -68,8 +67,8 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if variant == "st_mnrl":
         from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
         from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 
         transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)

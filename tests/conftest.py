@@ -108,12 +108,12 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     `fraternal_encoder` (IFCL): a model whose tokenizer and word embeddings give each sentence a fraternal
     view, the sentence upper-cased standing in for a translation.
     """
+    from datasets import Dataset
     from transformers import AutoTokenizer, set_seed
 
     from hf_mocose import MoCoSEModel
     from hf_mocose.data.corpus import python_docs_sentences, tokenize_fraternal, tokenize_sentences
     from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
-    from datasets import Dataset
 
     args = tiny_training_args(output_dir, **overrides)
     set_seed(args.seed)

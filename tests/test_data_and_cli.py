@@ -6,8 +6,8 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
 from hf_mocose.commands.train import main, parse_args
+from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences, tokenize_sentences
 
 
 def test_text_file_skips_blank_lines(tmp_path):

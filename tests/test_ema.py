@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-
 from conftest import make_trainer
-from hf_mocose.training.callbacks import EMATargetCallback
-from hf_mocose.models.ema import ema_decay_at
+
 from hf_mocose.methods.mtd import max_traceable_distance
+from hf_mocose.models.ema import ema_decay_at
+from hf_mocose.training.callbacks import EMATargetCallback
 
 
 def test_cosine_ramp_start_middle_end():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import SENTEVAL_DIR, needs_senteval
+
 from hf_mocose.commands.cli import main
 from hf_mocose.evaluation.sts import STS_YEAR_SETS
 

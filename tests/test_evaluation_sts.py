@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import SENTEVAL_DIR, needs_senteval
+
 from hf_mocose.evaluation import sts
 from hf_mocose.evaluation.runner import markdown_table, resolve_tasks, run_tasks
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import SENTEVAL_DIR, needs_senteval
+
 from hf_mocose.evaluation import diagnostics, transfer
 
 

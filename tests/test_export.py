@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from conftest import run_cli
 import torch
+from conftest import run_cli
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli

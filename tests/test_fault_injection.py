@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, run_cli
 from fake_hub import FakeHub
 
+from hf_mocose.commands.train import cli_main, main, parse_args
+from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
 from hf_mocose.training.checkpoints import (
     IncompleteCheckpointError,
     check_resume_compatible,
@@ -33,8 +34,6 @@ from hf_mocose.training.checkpoints import (
     resolve_resume_checkpoint,
     safetensors_problem,
 )
-from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
-from hf_mocose.commands.train import cli_main, main, parse_args
 
 UNREACHABLE_MODEL = "no such folder, and not a Hub id that can be reached offline"
 

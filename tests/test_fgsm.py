@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import make_trainer
 
 NO_DROPOUT = dict(encoder_dropout=0.0, head_dropout=0.0, fgsm_epsilon=1e-3, pad_to_max_length=True)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fake_hub import TOKEN, FakeHub
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")

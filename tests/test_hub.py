@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
 

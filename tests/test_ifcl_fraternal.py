@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-
 from conftest import build_tiny_encoder
+
 from hf_mocose import MoCoSEModel
+from hf_mocose.commands.train import main
 from hf_mocose.data.corpus import load_sentences
 from hf_mocose.models.losses import twins_loss
-from hf_mocose.commands.train import main
 
 
 def test_twins_loss_on_hand_made_vectors():

@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from huggingface_hub import ModelCard
-from transformers import TrainerCallback
-
 from conftest import make_trainer, tiny_training_args
 from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
+from huggingface_hub import ModelCard
+from transformers import TrainerCallback
 
 from hf_mocose.publishing.hub import HubPushError
 

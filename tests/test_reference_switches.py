@@ -3,11 +3,11 @@ Table 6a) and `shared_embeddings: module` (its target reads the online embedding
 
 import pytest
 import torch
-
 from conftest import build_tiny_encoder, make_trainer
+
 from hf_mocose import MoCoSEModel
-from hf_mocose.training.callbacks import EMATargetCallback
 from hf_mocose.models.configuration import MoCoSEConfig
+from hf_mocose.training.callbacks import EMATargetCallback
 
 
 # ----------------------------------------------------------------------------- projection_dim

@@ -8,14 +8,14 @@ import torch
 import torch.distributed as dist
 
 from hf_mocose import MoCoSEModel
-from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.models.ema import check_twin_layout, local_shards
 from hf_mocose.trainer.sharded_save import complete_sharded_save
+from hf_mocose.training.callbacks import EMATargetCallback
 from hf_mocose.training.sharding import (
     ShardedModelCallback,
     configure_sharding,
     match_target_to_master_weights,
 )
-from hf_mocose.models.ema import check_twin_layout, local_shards
 
 
 @pytest.fixture
@@ -99,6 +99,7 @@ def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, 
 
 def test_fsdp_training_arguments_are_read_too(tmp_path):
     from conftest import tiny_training_args
+
     from hf_mocose.commands.train import refuse_sharded_launch
 
     refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 2}))
@@ -109,8 +110,8 @@ def test_fsdp_training_arguments_are_read_too(tmp_path):
 def test_mocose_loss_refuses_an_fsdp_launch_when_built(tiny_encoder, monkeypatch):
     """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook: refuse first."""
     import accelerate.state
-
     from conftest import tiny_sentence_transformer
+
     from hf_mocose import MoCoSELoss
 
     monkeypatch.setattr(accelerate.state, "is_initialized", lambda: False)  # as in a fresh `accelerate launch`

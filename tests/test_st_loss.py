@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
 from datasets import Dataset
 from torch.nn import functional as F
 
-from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
-from hf_mocose.models.ema import ema_decay_at
 from hf_mocose.data.corpus import python_docs_sentences
+from hf_mocose.models.ema import ema_decay_at
 
 # No dropout anywhere: runs that should match do so exactly.
 QUIET = dict(loss_kwargs=dict(head_dropout=0.0, target_dropout=False), model_kwargs=dict(dropout=0.0))

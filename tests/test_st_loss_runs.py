@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
-from transformers import TrainerCallback
-
 from conftest import make_st_trainer, tiny_sentence_transformer
+from datasets import Dataset
 from fake_hub import TOKEN
-from hf_mocose.models.ema import ema_decay_at
-from hf_mocose.data.corpus import python_docs_sentences
 from test_hub import fake_hub  # noqa: F401  (the fixture: a recording stand-in for the Hub)
 from test_st_loss import _long_sentences, _losses
+from transformers import TrainerCallback
+
+from hf_mocose.data.corpus import python_docs_sentences
+from hf_mocose.models.ema import ema_decay_at
 
 
 def _loss_state(trainer):

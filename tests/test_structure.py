@@ -109,10 +109,10 @@ def test_importing_the_core_loads_no_evaluation_module():
 
 def test_moved_names_are_still_importable_from_evaluation():
     """The old public import paths re-export the core objects themselves (no copies)."""
-    from hf_mocose.models import encoding
-    from hf_mocose.trainer import sts_evaluation as trainer_evaluation
     from hf_mocose.data import sts_files
     from hf_mocose.evaluation import encoders, sts, trainer_sts
+    from hf_mocose.models import encoding
+    from hf_mocose.trainer import sts_evaluation as trainer_evaluation
 
     for name in ("encode_with_model", "encode_batches", "resolve_max_length", "length_sorted_order"):
         assert getattr(encoders, name) is getattr(encoding, name)

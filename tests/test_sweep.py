@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import SENTEVAL_DIR
+
 from hf_mocose.commands.sweep import load_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]

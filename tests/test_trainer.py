@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-
 from conftest import CORPUS_FILE, make_trainer, needs_corpus
 
 
@@ -127,9 +126,10 @@ def test_in_batch_only_methods_need_two_sentences_per_step(tiny_encoder, tmp_pat
 
 
 def test_model_config_wins_over_differing_arguments(tiny_encoder, tmp_path, caplog):
+    from conftest import tiny_training_args
+
     from hf_mocose import MoCoSEModel
     from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
-    from conftest import tiny_training_args
 
     model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=10, queue_init_size=3, max_seq_length=16)
     MoCoSETrainer(model=model, args=tiny_training_args(tmp_path, queue_size=12))

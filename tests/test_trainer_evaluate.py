@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import make_trainer
 from datasets import Dataset
 from transformers import TrainerCallback
-
-from conftest import make_trainer
 
 PAIRS = [
     ("A man is playing a guitar.", "A man plays the guitar.", 5.0),

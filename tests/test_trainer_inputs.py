@@ -8,11 +8,10 @@ import logging
 import numpy as np
 import pytest
 import torch
+from conftest import make_trainer, tiny_training_args
 from datasets import Dataset
 from scipy.stats import kendalltau
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
-
-from conftest import make_trainer, tiny_training_args
 
 from hf_mocose import MoCoSEModel, MoCoSETrainer
 from hf_mocose.data.corpus import python_docs_sentences

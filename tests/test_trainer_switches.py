@@ -15,9 +15,8 @@ from typing import Callable
 
 import pytest
 import torch
-from datasets import Dataset
-
 from conftest import make_trainer
+from datasets import Dataset
 
 STEPS = 3
 SETTINGS = dict(max_steps=STEPS, fgsm_epsilon=0.05, encoder_dropout=0.0, head_dropout=0.0)
@@ -280,6 +279,7 @@ def test_switch_is_refused_in_one_line_before_training(settings, message, tiny_e
 
 def test_metric_names_follow_a_dict_of_eval_datasets(tiny_encoder, tmp_path):
     from conftest import tiny_training_args
+
     from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
 
     base = build(tiny_encoder, tmp_path)

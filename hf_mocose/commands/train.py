@@ -18,15 +18,15 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-from ..training.checkpoints import remove_temporary_files
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
-from .errors import run_command
-from ..publishing.hub_publishing import publish_final_model
 from ..models.sequence_length import inference_max_seq_length
-from ..training.sharding import launch_sharding, refuse_unsupported_sharding
-from ..trainer.mocose_trainer import MoCoSETrainer
+from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
+from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
+from ..training.checkpoints import remove_temporary_files
+from ..training.sharding import launch_sharding, refuse_unsupported_sharding
+from .errors import run_command
 
 logger = logging.getLogger("hf_mocose.train")
 

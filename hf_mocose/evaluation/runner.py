@@ -17,6 +17,7 @@ import math
 import time
 from pathlib import Path
 
+from hf_mocose.data.sts_files import LAYOUT_HELP
 from hf_mocose.evaluation.sts import (
     STS_TASKS,
     STS_TEST_TASKS,
@@ -31,7 +32,6 @@ from hf_mocose.evaluation.transfer import (
     evaluate_transfer_task,
     transfer_task_files,
 )
-from hf_mocose.data.sts_files import LAYOUT_HELP
 
 ALL_TASKS = STS_TASKS + TRANSFER_TASKS
 TASK_GROUPS = {

@@ -27,11 +27,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .ema import EMATensorPairs, ema_tensor_pairs
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
-from .heads import build_predictor, build_projection, head_linear, init_head_weights
-from .pooling import pool_sentence_embedding
-from .queue import KeyQueue
+from .ema import EMATensorPairs, ema_tensor_pairs, local_shards
 from .encoder_init import (
     CONFIG_LOCATION_KWARGS,
     build_encoder,
@@ -40,7 +37,10 @@ from .encoder_init import (
     set_encoder_dropout,
     start_from_pretrained,
 )
-from .ema import local_shards
+from .heads import build_predictor, build_projection, head_linear, init_head_weights
+from .pooling import pool_sentence_embedding
+from .queue import KeyQueue
+
 
 @dataclass
 class MoCoSEOutput(ModelOutput):

@@ -67,8 +67,8 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     """
     from transformers import AutoTokenizer
 
-    from ..training.checkpoints import check_weights_complete
     from ..models.modeling import MoCoSEModel
+    from ..training.checkpoints import check_weights_complete
 
     path = Path(checkpoint)
     if not path.is_dir():

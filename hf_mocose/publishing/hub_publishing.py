@@ -19,8 +19,15 @@ import logging
 import os
 from pathlib import Path
 
-from .hub import CHECKPOINT_IGNORE, MOCOSE_SUBFOLDER, commit_to_hub, create_hub_repo, folder_operations, upload_to_hub
-from .hub import validate_repo_id
+from .hub import (
+    CHECKPOINT_IGNORE,
+    MOCOSE_SUBFOLDER,
+    commit_to_hub,
+    create_hub_repo,
+    folder_operations,
+    upload_to_hub,
+    validate_repo_id,
+)
 from .model_card import TRAINER_CARD_KEYWORDS, card_kwargs_from_trainer_keywords
 
 logger = logging.getLogger(__name__)

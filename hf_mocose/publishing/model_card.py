@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..models.sequence_length import sentence_transformers_max_seq_length
 from .model_card_facts import (
     MODEL_FIELDS,
     STS_TASKS,
@@ -30,7 +31,6 @@ from .model_card_facts import (
     collect_training_details,
     read_eval_results,
 )
-from ..models.sequence_length import sentence_transformers_max_seq_length
 
 __all__ = ["CITATIONS", "TRAINER_CARD_KEYWORDS", "card_kwargs_from_trainer_keywords", "find_template",
            "read_eval_results", "render_model_card", "write_model_card"]

@@ -42,7 +42,6 @@ from .checkpoint import (
 from .contract import MoCoSELossParts
 from .distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch
 
-
 HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
 CHECKPOINT_PUSHES = (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)

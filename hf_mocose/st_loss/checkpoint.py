@@ -21,7 +21,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .contract import MoCoSELossParts
 
-
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
 FGSM_STATE_FILE = "fgsm_rank{rank}.pt"

@@ -24,8 +24,8 @@ from sentence_transformers.util.distributed import all_gather
 from torch import Tensor, nn
 
 from ..methods.augmentation import FGSMPerturbation
-from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from ..models.configuration import METHOD_DEFAULTS, validate_method_hparams
+from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
 from ..models.losses import ContrastiveLossOutput, info_nce_loss
 from ..models.queue import KeyQueue

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
-from ..training.checkpoints import check_weights_complete
 from ..data.corpus import tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
+from ..training.checkpoints import check_weights_complete
 
 logger = logging.getLogger(__name__)
 

@@ -35,20 +35,20 @@ from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
 from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
-from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
-from ..training.callbacks import EMATargetCallback
-from ..models.ema import ema_decay_at, ema_decay_range
-from ..training.checkpoints import prepare_resume
 from ..data.collator import ContrastiveCollator
-from ..publishing.hub_publishing import HubPublishingMixin
-from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
-from ..publishing.model_card_facts import save_card_training_args
-from ..models.modeling import MoCoSEModel, MoCoSEOutput
+from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
 from ..methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
+from ..models.ema import ema_decay_at, ema_decay_range
+from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
+from ..models.modeling import MoCoSEModel, MoCoSEOutput
+from ..publishing.hub_publishing import HubPublishingMixin
+from ..publishing.model_card_facts import save_card_training_args
+from ..training.callbacks import EMATargetCallback
+from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
+from .inputs import prepare_trainer_inputs
 from .sharded_save import complete_sharded_save
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
-from .inputs import prepare_trainer_inputs
 from .switches import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 

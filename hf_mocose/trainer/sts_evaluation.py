@@ -32,8 +32,8 @@ from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimil
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
-from ..models.encoding import encode_with_model, resolve_max_length
 from ..data.sts_files import read_sts_benchmark
+from ..models.encoding import encode_with_model, resolve_max_length
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`

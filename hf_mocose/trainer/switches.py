@@ -19,8 +19,8 @@ ones that would crash at some later step or be silently ignored:
 
 from __future__ import annotations
 
-from .sts_evaluation import STS_EVALUATOR_NAME
 from ..models.sequence_length import check_length_fits_encoder
+from .sts_evaluation import STS_EVALUATOR_NAME
 
 # What `MoCoSETrainer.evaluate` scores (evaluation/trainer_sts.py), as `{prefix}_{name}`.
 STS_METRICS = (f"{STS_EVALUATOR_NAME}_spearman", f"{STS_EVALUATOR_NAME}_pearson")

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from ..methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
-from ..models.ema import validate_ema_decay
 from ..models.configuration import (
     METHOD_DEFAULTS,
     METHODS,
@@ -15,6 +14,7 @@ from ..models.configuration import (
     SHARED_EMBEDDINGS,
     validate_method_hparams,
 )
+from ..models.ema import validate_ema_decay
 from ..models.heads import HEAD_INITS
 from ..models.pooling import SENTENCE_POOLING_MODES
 from ..models.queue import format_queue_slices, parse_queue_slices
