@@ -1,9 +1,11 @@
-"""Package structure: dependencies point one way, the core never imports `hf_mocose.evaluation`.
+"""Package structure: the folders are layers, and dependencies point one way (docs/design.md has the map).
 
-`hf_mocose/evaluation/` (SentEval tasks, diagnostics, their command line) builds on the core;
-the core (trainer, model, export, hub, ...) must work without it. The CLI's list of command
-modules names `hf_mocose.evaluation.commands` as a string and imports it only when the parser is
-built: dispatch, not a dependency, so it is not an import statement and the scan allows it.
+Each sub-package of `hf_mocose` is one layer; `LAYER_IMPORTS` says which other layers each may import.
+The core (every layer but `evaluation` and `commands`) never imports `hf_mocose.evaluation` or the
+command line. The CLI's list of command modules names `hf_mocose.evaluation.commands` as a string and
+imports it only when the parser is built: dispatch, not a dependency, so it is not an import statement
+and the scan allows it. Every import statement counts: lazy ones inside functions and `TYPE_CHECKING`
+ones too, so no two modules may import each other even for a type.
 """
 
 from __future__ import annotations
@@ -19,6 +21,24 @@ import hf_mocose
 PACKAGE_DIR = Path(hf_mocose.__file__).resolve().parent
 EVALUATION_DIR = PACKAGE_DIR / "evaluation"
 EVALUATION_PACKAGE = "hf_mocose.evaluation"
+
+# layer -> the layers it may import (besides itself). The root `hf_mocose/__init__.py` is the public facade.
+LAYER_IMPORTS = {
+    "methods": set(),
+    "data": set(),
+    "metrics": set(),
+    "models": {"methods"},
+    "training": {"models", "methods", "data"},
+    "publishing": {"models", "methods", "data", "training"},
+    "trainer": {"models", "methods", "data", "training", "publishing"},
+    "st_loss": {"models", "methods", "data", "training", "publishing"},
+    "evaluation": {"models", "methods", "data", "trainer"},  # `trainer` only for the re-export in trainer_sts.py
+    "commands": {"models", "methods", "data", "training", "publishing", "trainer", "st_loss", "evaluation"},
+    "<root>": {"models", "trainer", "st_loss"},
+}
+CORE_LAYERS = {"methods", "data", "metrics", "models", "training", "publishing", "trainer", "st_loss", "<root>"}
+MAX_ROOT_MODULES = 12
+MAX_MODULE_LINES = 400
 
 
 def _module_name(path: Path) -> str:
@@ -55,8 +75,29 @@ def _is_evaluation(name: str) -> bool:
     return name == EVALUATION_PACKAGE or name.startswith(EVALUATION_PACKAGE + ".")
 
 
+def _all_files() -> list[Path]:
+    return sorted(PACKAGE_DIR.rglob("*.py"))
+
+
+def _layer(module: str) -> str:
+    """The layer (sub-package) of a module name: `hf_mocose.models.queue` -> `models`; the root package -> `<root>`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE_DIR / parts[1]).is_dir() else "<root>"
+
+
 def _core_files() -> list[Path]:
-    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if EVALUATION_DIR not in p.parents)
+    return [p for p in _all_files() if _layer(_module_name(p)) in CORE_LAYERS]
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the `hf_mocose` modules its import statements name (a `from pkg import mod` names `pkg.mod`)."""
+    modules = {_module_name(p) for p in _all_files()}
+    edges = {}
+    for path in _all_files():
+        module = _module_name(path)
+        names = {name if name in modules else name.rpartition(".")[0] for _, name in _imports_of(path)}
+        edges[module] = {name for name in names if name in modules and name != module}
+    return edges
 
 
 def test_import_scan_sees_every_form_of_evaluation_import():
@@ -77,19 +118,77 @@ def test_import_scan_sees_every_form_of_evaluation_import():
 
 
 def test_core_modules_never_import_evaluation():
-    """No import statement outside `hf_mocose/evaluation/` names `hf_mocose.evaluation` (AST scan)."""
+    """No import statement in the core names `hf_mocose.evaluation` or the command line (AST scan)."""
     offenders = [
         f"{path.relative_to(PACKAGE_DIR.parent)}:{line} imports {name}"
         for path in _core_files()
         for line, name in _imports_of(path)
-        if _is_evaluation(name)
+        if _is_evaluation(name) or name.startswith("hf_mocose.commands")
     ]
     assert len(_core_files()) > 20  # the scan found the package
     assert offenders == [], "the core must not import hf_mocose.evaluation:\n" + "\n".join(offenders)
 
 
+def test_each_layer_imports_only_the_layers_below_it():
+    """Every import statement between sub-packages follows `LAYER_IMPORTS` (e.g. the model never imports a front
+    end or publishing; publishing never imports a front end; the two front ends never import each other)."""
+    offenders = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{line} ({_layer(_module_name(path))}) imports {name} ({_layer(name)})"
+        for path in _all_files()
+        for line, name in _imports_of(path)
+        if name.startswith("hf_mocose") and _layer(name) != _layer(_module_name(path))
+        and _layer(name) not in LAYER_IMPORTS[_layer(_module_name(path))]
+    ]
+    assert set(LAYER_IMPORTS) - {"<root>"} == {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()}
+    assert offenders == [], "imports against the layer order (docs/design.md):\n" + "\n".join(offenders)
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    """The rule itself: the model importing a front end, or a front end the other, is an offence."""
+    assert "trainer" not in LAYER_IMPORTS["models"] and "st_loss" not in LAYER_IMPORTS["trainer"]
+    assert "trainer" not in LAYER_IMPORTS["st_loss"] and "publishing" not in LAYER_IMPORTS["training"]
+    names = [name for _, name in _imported_modules("from ..trainer.inputs import x", "hf_mocose.models.modeling")]
+    assert _layer(names[0]) == "trainer"
+
+
+def test_no_import_loop_between_modules():
+    """No module reaches itself through import statements (type-only and lazy imports included)."""
+    edges = _module_edges()
+    loops, state = [], {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(edges[module]):
+            if state.get(other) == "open":
+                loops.append(" -> ".join(path[path.index(other):] + [other]))
+            elif other not in state:
+                visit(other, path + [other])
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert sum(len(v) for v in edges.values()) > 100  # the scan found the imports
+    assert loops == [], "import loops:\n" + "\n".join(loops)
+
+
+def test_the_package_root_is_small_and_every_layer_says_what_it_holds():
+    """At most 12 modules at the root, each sub-package opens with a docstring naming what it may import, and no
+    module is over 400 lines."""
+    root_modules = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
+    assert len(root_modules) <= MAX_ROOT_MODULES, root_modules
+    packages = [p for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()]
+    assert len(packages) >= 4
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and "May import" in doc, f"{package.name}/__init__.py needs a docstring saying what it may import"
+    long = {str(p.relative_to(PACKAGE_DIR)): n for p in _all_files()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
 def test_importing_the_core_loads_no_evaluation_module():
-    """Every top-level core module imported in a fresh interpreter leaves `hf_mocose.evaluation` unloaded."""
+    """Every core module imported in a fresh interpreter leaves `hf_mocose.evaluation` and the command line unloaded."""
     modules = sorted(
         _module_name(path) for path in _core_files() if path.name != "__init__.py"
     )
@@ -104,7 +203,7 @@ def test_importing_the_core_loads_no_evaluation_module():
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(modules) <= set(loaded)
-    assert [m for m in loaded if _is_evaluation(m)] == []
+    assert [m for m in loaded if _is_evaluation(m) or _layer(m) == "commands"] == []
 
 
 def test_moved_names_are_still_importable_from_evaluation():

@@ -2,6 +2,8 @@
 
 `evaluate.load` takes a metric script by file path and imports it on its own, so the scripts
 here import nothing from hf_mocose; this package only says where they are.
+
+May import: nothing else from `hf_mocose`.
 """
 
 from __future__ import annotations

@@ -29,14 +29,8 @@ from transformers.utils import ModelOutput
 
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from .ema import EMATensorPairs, ema_tensor_pairs, local_shards
-from .encoder_init import (
-    CONFIG_LOCATION_KWARGS,
-    build_encoder,
-    check_is_encoder,
-    load_pretrained_encoder,
-    set_encoder_dropout,
-    start_from_pretrained,
-)
+from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
+                           set_encoder_dropout, start_from_pretrained)
 from .heads import build_predictor, build_projection, head_linear, init_head_weights
 from .pooling import pool_sentence_embedding
 from .queue import KeyQueue

@@ -7,13 +7,8 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from ..methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
-from ..models.configuration import (
-    METHOD_DEFAULTS,
-    METHODS,
-    MODEL_CONFIG_FIELDS,
-    SHARED_EMBEDDINGS,
-    validate_method_hparams,
-)
+from ..models.configuration import (METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS,
+                                    validate_method_hparams)
 from ..models.ema import validate_ema_decay
 from ..models.heads import HEAD_INITS
 from ..models.pooling import SENTENCE_POOLING_MODES
