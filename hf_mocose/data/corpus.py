@@ -81,9 +81,7 @@ def load_sentences(
             )
     columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
     dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
-    dataset = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
-    if len(dataset) == 0:
-        raise ValueError(f"The training data ({train_file or dataset_name}) has no non-empty sentences.")
+    dataset = drop_blank_sentences(dataset, f"The training data ({train_file or dataset_name})")
     for role, (column, name) in optional.items():
         if not column:
             continue
@@ -96,6 +94,21 @@ def load_sentences(
     if max_train_samples is not None:
         dataset = dataset.select(range(min(max_train_samples, len(dataset))))
     return dataset
+
+
+def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
+    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left.
+
+    The check both doors run before any work: `scripts/train.py` (through `load_sentences`) and
+    `MoCoSETrainer(train_dataset=...)` with a `text` column. An `IterableDataset` is filtered as it
+    streams (its rows cannot be counted before training).
+    """
+    if isinstance(dataset, Dataset) and len(dataset) == 0:
+        raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
+    kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    if isinstance(kept, Dataset) and len(kept) == 0:
+        raise ValueError(f"{what} has no non-empty sentences ({len(dataset)} rows, all empty or blank).")
+    return kept
 
 
 def tokenize_sentences(

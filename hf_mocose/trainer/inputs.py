@@ -7,8 +7,10 @@ tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same
     `builtin:all-MiniLM-L6-v2`) is a MoCoSE checkpoint to continue from or an encoder the MoCoSE model
     is built around with `args.model_config_kwargs()`; a loaded `PreTrainedModel` encoder likewise;
   - `load_tokenizer`: `AutoTokenizer` from where the model came from, when no `processing_class` is given;
+  - `check_train_dataset` (before the model is loaded): a dataset with no rows, or no non-empty sentence,
+    and any shape but a `text` column or tokenised rows are refused, naming what it has and what it needs;
   - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
-    a tokenised dataset passes; any other shape is refused, naming the columns it has and those it needs.
+    a tokenised dataset passes.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import os
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel
 
-from ..data.corpus import tokenize_sentences
+from ..data.corpus import drop_blank_sentences, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
 from ..training.checkpoints import check_weights_complete
@@ -169,15 +172,20 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     )
 
 
-def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
-    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
+def check_train_dataset(dataset):
+    """The training data's checks, run before any model is loaded: its columns, and rows to train on.
 
-    A dataset with `input_ids` is used as it is; one whose columns are unknown (a torch `Dataset`)
-    too. The sentences are kept beside the tokens when `args.hard_negatives` needs them. Anything
-    else is refused naming the columns it has and those it needs.
+    A dataset with `input_ids` must have rows; one with a `text` column loses its empty or blank
+    sentences and must keep one (`data.corpus.drop_blank_sentences`, the command line's check). One whose
+    columns are unknown (a torch `Dataset`) passes. Anything else is refused naming the columns it has
+    and those it needs. Returns the dataset to tokenise.
     """
     columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None or "input_ids" in columns:
+    if dataset is None or columns is None:
+        return dataset
+    if "input_ids" in columns:
+        if isinstance(dataset, Dataset) and len(dataset) == 0:
+            raise ValueError("train_dataset has no rows: give at least one tokenised sentence.")
         return dataset
     if "fraternal_text" in columns:
         raise ValueError(
@@ -190,6 +198,18 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
             "`text` column (tokenised by the trainer; optional `positive_text`) or tokenised ones (`input_ids`, "
             "`attention_mask`...). Rename the sentence column, e.g. dataset.rename_column('sentence', 'text')."
         )
+    return drop_blank_sentences(dataset)
+
+
+def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
+    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
+
+    The sentences are kept beside the tokens when `args.hard_negatives` needs them. Give it what
+    `check_train_dataset` returned.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None or "input_ids" in columns:
+        return dataset
     with args.main_process_first(desc="tokenising the training sentences"):
         return tokenize_sentences(dataset, tokenizer, max_seq_length, keep_text=args.hard_negatives is not None)
 
@@ -202,6 +222,7 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
         raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
                         f"got {type(args).__name__}.")
     turn_off_evaluation_without_sts_pairs(args, eval_dataset)
+    train_dataset = check_train_dataset(train_dataset)  # before the model is loaded
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
