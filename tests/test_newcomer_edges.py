@@ -183,3 +183,74 @@ def test_command_line_reports_an_unknown_hub_id_in_one_line(online_hub, tmp_path
     assert len(err) == 1 and err[0].startswith("train.py: error: model_name_or_path 'nonexistent-org/no-such-model': "
                                                "no such model repo on the Hugging Face Hub")
     assert len(online_hub.requests) == 1 and not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- SentenceTransformer and the export
+def test_trainer_exports_and_sentence_transformers_loads_the_checkpoint(tiny_encoder, tmp_path):
+    import torch
+    from conftest import make_trainer
+    from sentence_transformers import SentenceTransformer
+
+    import hf_mocose
+
+    assert "export_to_sentence_transformers" in hf_mocose.__all__
+    from hf_mocose import export_to_sentence_transformers
+    from hf_mocose.publishing.export import export_to_sentence_transformers as defined
+
+    assert export_to_sentence_transformers is defined
+    trainer = make_trainer(tiny_encoder, tmp_path / "run", max_steps=2)
+    trainer.train()
+    export = trainer.export_sentence_transformers()
+    assert export == tmp_path / "run" / "sentence-transformers" and (export / "README.md").is_file()
+    sentences = ["A man is playing a guitar.", "Momentum contrast keeps a queue of negative keys."]
+    exported = SentenceTransformer(str(export)).encode(sentences, convert_to_tensor=True)
+    checkpoint = SentenceTransformer(str(tmp_path / "run" / "final"))  # the MoCoSE checkpoint: its online branch
+    model = trainer.model.eval()
+    tokens = trainer.processing_class(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.embed(**tokens)
+    torch.testing.assert_close(checkpoint.encode(sentences, convert_to_tensor=True), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(exported, expected, atol=1e-5, rtol=0)
+
+
+def test_export_inside_the_checkpoint_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from conftest import run_cli
+
+    from hf_mocose.publishing import export
+
+    monkeypatch.setattr(export, "load_mocose_checkpoint", lambda *a: pytest.fail("checkpoint loaded"))
+    final = tmp_path / "final"
+    final.mkdir()
+    code, _, err = run_cli(["export", str(final), str(final / "st")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"Output folder '{final / 'st'}' is inside the checkpoint '{final}'" in err
+    assert not (final / "st").exists()
+
+
+# ----------------------------------------------------------------------------- small ones
+def test_missing_resume_folder_is_named_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
+    from hf_mocose.commands import train
+
+    monkeypatch.setattr(train, "build_mocose_model", lambda *a, **k: pytest.fail("model loaded"))
+    output_dir = tmp_path / "run"
+    argv = ["--model_name_or_path", "builtin:all-MiniLM-L6-v2", "--train_file", "builtin:python_docs",
+            "--output_dir", str(output_dir), "--use_cpu", "true", "--resume_from_checkpoint",
+            str(output_dir / "checkpoint-9")]
+    assert train.cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"train.py: error: resume_from_checkpoint '{output_dir / 'checkpoint-9'}' is not a folder. "
+                   "(HF_MOCOSE_DEBUG=1 shows the traceback)"]
+    assert not output_dir.exists()
+
+
+def test_mtd_and_import_hf_mocose_need_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, hf_mocose; from hf_mocose.commands import cli; "
+            "assert cli.main(['mtd', '--batch_size', '64', '--target', '14.67']) == 0; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -21,19 +21,33 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# sub-command -> the module that registers it: `hf-mocose mtd` imports only the arithmetic it runs (no torch).
+COMMAND_OWNERS = {
+    "evaluate": "hf_mocose.evaluation.commands",
+    "diagnose": "hf_mocose.evaluation.commands",
+    "export": "hf_mocose.publishing.commands",
+    "push": "hf_mocose.publishing.commands",
+    "mtd": "hf_mocose.methods.mtd",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `hf-mocose` parser; for a known `command` only its own module is imported and registered (the
+    others import torch and transformers), otherwise all of them (`--help`, a mistyped command)."""
     parser = argparse.ArgumentParser(
         prog="hf-mocose",
         description="Momentum-contrastive sentence embeddings on the Hugging Face stack.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    owner = COMMAND_OWNERS.get(command)
+    for module_name in [owner] if owner in COMMAND_MODULES else COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(next((arg for arg in argv if not arg.startswith("-")), None))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

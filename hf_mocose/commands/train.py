@@ -24,7 +24,8 @@ from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import remove_temporary_files
+from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
+                                    resolve_resume_checkpoint)
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from .errors import run_command
 
@@ -174,6 +175,15 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     return path
 
 
+def check_resume_folder(args: MoCoSETrainingArguments) -> None:
+    """An explicit `resume_from_checkpoint` folder that is missing or incomplete is named before the model is
+    loaded and the data tokenised (`resolve_resume_checkpoint`, which the trainer runs again before step 1);
+    `last` is resolved by the trainer alone."""
+    value = args.resume_from_checkpoint
+    if isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES):
+        resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
+
+
 def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | None:
     """Scores STS-B dev once more at the end (the best model with `load_best_model_at_end`) and says so."""
     if stsb_dev is None:
@@ -192,6 +202,7 @@ def main(argv: list[str] | None = None) -> str:
     script_args, args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     refuse_sharded_launch(args)
+    check_resume_folder(args)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 

@@ -294,3 +294,6 @@ class MoCoSEConfig(PretrainedConfig):
     def uses_queue(self) -> bool:
         """Whether this method keeps a queue of past keys (MoCoSE) or anchors (IFCL) as negatives."""
         return self.method in ("mocose", "ifcl")
+
+
+AutoConfig.register(MoCoSEConfig.model_type, MoCoSEConfig, exist_ok=True)  # AutoConfig.from_pretrained(checkpoint)
