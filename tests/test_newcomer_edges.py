@@ -254,3 +254,62 @@ def test_mtd_and_import_hf_mocose_need_neither_torch_nor_transformers():
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ----------------------------------------------------------------------------- accelerate launch
+@pytest.mark.parametrize("env, refused", [
+    ({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO", "MASTER_ADDR": "127.0.0.1"}, True),
+    ({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO"}, False),  # one process asked for
+    ({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO", "MASTER_ADDR": "127.0.0.1",
+      "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, False),  # --multi_gpu: two processes
+    ({"MASTER_ADDR": "10.0.0.1"}, False),  # not started by accelerate launch
+])
+def test_one_process_of_several_is_detected(env, refused):
+    from hf_mocose.training.launch import refuse_one_process_of_several
+
+    if refused:
+        with pytest.raises(ValueError, match="accelerate launch started ONE process although more were asked for"):
+            refuse_one_process_of_several(env)
+    else:
+        refuse_one_process_of_several(env)
+
+
+def test_accelerate_cpu_two_processes_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_MOCOSE_DEBUG", None)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(repo / "scripts/train.py"),
+               "--model_name_or_path", "builtin:all-MiniLM-L6-v2", "--train_file", "builtin:python_docs",
+               "--output_dir", str(tmp_path / "run")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: accelerate launch started ONE process"), lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cpu_run_prints_no_library_notices(minilm, tmp_path, capfd):
+    """No pin_memory warning without an accelerator (`use_cpu` left False, as on a CPU-only machine), no PAD/BOS/EOS
+    announcement for the config MoCoSE builds around all-MiniLM-L6-v2."""
+    import warnings
+
+    from datasets import Dataset
+
+    from hf_mocose import MoCoSETrainer
+    from hf_mocose.data.corpus import python_docs_sentences
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = MoCoSETrainer(model=minilm, args=tiny_training_args(tmp_path, max_steps=1, use_cpu=False),
+                                train_dataset=Dataset.from_dict({"text": python_docs_sentences()[:16]}))
+        trainer.train()
+    output = capfd.readouterr()
+    text = output.out + output.err + "\n".join(str(w.message) for w in caught)
+    assert "pin_memory" not in text and "PAD/BOS/EOS" not in text
+    assert trainer.args.dataloader_pin_memory is (trainer.args.device.type != "cpu")
+    assert trainer.model.config.pad_token_id == trainer.processing_class.pad_token_id  # aligned all the same

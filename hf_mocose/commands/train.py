@@ -26,6 +26,7 @@ from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
 from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
                                     resolve_resume_checkpoint)
+from ..training.launch import refuse_one_process_of_several
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from .errors import run_command
 
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> str:
     script_args, args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     refuse_sharded_launch(args)
+    refuse_one_process_of_several()
     check_resume_folder(args)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)

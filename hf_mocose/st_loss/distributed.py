@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
+from ..training.launch import refuse_one_process_of_several
 from ..training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 
@@ -45,6 +46,7 @@ def refuse_sharded_launch() -> None:
 
     sharding = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
     refuse_unsupported_sharding("MoCoSELoss", *sharding, fsdp2_supported=False)
+    refuse_one_process_of_several()  # `accelerate launch --cpu --num_processes 2` starts one
 
 
 def refuse_unsupported_launch(args) -> None:

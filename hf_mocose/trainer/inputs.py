@@ -26,6 +26,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from ..data.corpus import drop_blank_sentences, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
+from ..training.launch import quiet_library_notices, refuse_one_process_of_several
 from .model_source import check_model_source
 
 logger = logging.getLogger(__name__)
@@ -191,13 +192,34 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     if not isinstance(args, MoCoSETrainingArguments):
         raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
                         f"got {type(args).__name__}.")
+    refuse_one_process_of_several()
     turn_off_evaluation_without_sts_pairs(args, eval_dataset)
     train_dataset = check_train_dataset(train_dataset)  # before the model is loaded
+    quiet_library_notices(args)
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
+    align_special_tokens_quietly(mocose_model, processing_class)
     train_dataset = prepare_train_dataset(train_dataset, processing_class, mocose_model.config.max_seq_length, args)
     return mocose_model, processing_class, train_dataset
+
+
+def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
+    """`Trainer.__init__` copies the tokenizer's PAD/BOS/EOS ids into the model config and announces it; a
+    MoCoSE model built around an encoder never has them, so the same alignment (transformers' own
+    `align_special_tokens`) runs here, without the announcement, and the Trainer then finds nothing to do."""
+    from transformers.trainer_utils import align_special_tokens
+    from transformers.utils import logging as transformers_logging
+
+    if processing_class is None:
+        return
+    announcer = transformers_logging.get_logger("transformers.trainer_utils")
+    level = announcer.level
+    announcer.setLevel(transformers_logging.ERROR)
+    try:
+        align_special_tokens(model, processing_class)
+    finally:
+        announcer.setLevel(level)
 
 
 def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
