@@ -53,6 +53,11 @@ class ScriptArguments:
     dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
     text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Read the corpus as training goes (datasets' streaming: an IterableDataset, for corpora "
+                  "that do not fit in memory); needs max_steps. Several processes each train on their own part."},
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
     positive_column: str | None = field(
         default=None, metadata={"help": "Column with a given positive of each sentence (e.g. a paraphrase) used as its key."}
@@ -139,6 +144,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
                 action.required = False
         parser.set_defaults(**recipe)
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if script_args.streaming:
+        if training_args.max_steps <= 0:
+            raise ValueError("--streaming true reads the corpus as training goes, without counting it first: set "
+                             "--max_steps (the number of optimizer steps).")
+        if script_args.fraternal_column or training_args.hard_negatives:
+            raise ValueError("--streaming true works with plain sentences (and positive_column): IFCL's fraternal view "
+                             "and UNA's hard negatives read the whole corpus before training; drop --streaming.")
     if script_args.fraternal_column is not None:
         if training_args.method != "ifcl":
             raise ValueError(f"fraternal_column is IFCL's fraternal view: set method ifcl (got {training_args.method!r}).")
@@ -201,7 +213,9 @@ def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | No
 def main(argv: list[str] | None = None) -> str:
     """Trains, saves the final checkpoint and returns its folder."""
     script_args, args = parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    # hf-mocose's own INFO lines (resume choices, export length...); other libraries' only from WARNING up.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_mocose").setLevel(logging.INFO)
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
     check_resume_folder(args)
@@ -228,6 +242,7 @@ def main(argv: list[str] | None = None) -> str:
             script_args.max_train_samples,
             script_args.fraternal_column,
             script_args.positive_column,
+            streaming=script_args.streaming,
         )
         train_dataset = tokenize_sentences(
             sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers,

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, PreTrainedModel
 
 from ..data.corpus import drop_blank_sentences, tokenize_sentences
@@ -143,14 +143,27 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     )
 
 
-def check_train_dataset(dataset):
+def check_train_dataset(dataset, args=None):
     """The training data's checks, run before any model is loaded: its columns, and rows to train on.
 
     A dataset with `input_ids` must have rows; one with a `text` column loses its empty or blank
     sentences and must keep one (`data.corpus.drop_blank_sentences`, the command line's check). One whose
     columns are unknown (a torch `Dataset`) passes. Anything else is refused naming the columns it has
-    and those it needs. Returns the dataset to tokenise.
+    and those it needs. A streamed dataset (an `IterableDataset`, which has no length) needs `max_steps` and
+    cannot feed UNA, whose TF-IDF statistics count the whole corpus first. Returns the dataset to tokenise.
     """
+    if args is not None and isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
+        if args.max_steps <= 0:
+            raise ValueError("train_dataset is streamed (an IterableDataset, read as training goes, with no length): "
+                             "set max_steps, the number of optimizer steps to train for.")
+        if args.hard_negatives == "una":
+            raise ValueError("hard_negatives='una' counts the whole corpus for its TF-IDF statistics before training: "
+                             "give a Dataset, not a streamed IterableDataset.")
+        if args.world_size > 1 and args.accelerator_config.dispatch_batches is not False and not args.pad_to_max_length:
+            # accelerate dispatches a stream: the main process reads each rank's batch and concatenates them
+            # before slicing, which needs equal shapes. (dispatch_batches=False: each rank reads its own shards.)
+            logger.info("A streamed train_dataset under %d processes: batches padded to max_seq_length.", args.world_size)
+            args.pad_to_max_length = True
     columns = getattr(dataset, "column_names", None)
     if dataset is None or columns is None:
         return dataset
@@ -194,7 +207,7 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
                         f"got {type(args).__name__}.")
     refuse_one_process_of_several()
     turn_off_evaluation_without_sts_pairs(args, eval_dataset)
-    train_dataset = check_train_dataset(train_dataset)  # before the model is loaded
+    train_dataset = check_train_dataset(train_dataset, args)  # before the model is loaded
     quiet_library_notices(args)
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:

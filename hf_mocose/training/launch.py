@@ -42,6 +42,12 @@ def quiet_library_notices(args) -> None:
       that it pins nothing: it is turned off.
     """
     if args.ddp_broadcast_buffers is False:
-        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        quiet_ddp_broadcast_buffers_notice()
     if args.dataloader_pin_memory and args.device.type == "cpu":
         args.dataloader_pin_memory = False
+
+
+def quiet_ddp_broadcast_buffers_notice() -> None:
+    """torch 2.13's FutureWarning for DDP's `broadcast_buffers`, which accelerate passes whenever the training
+    arguments set `ddp_broadcast_buffers=False` (hf-mocose's default, and sentence-transformers')."""
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
