@@ -313,3 +313,19 @@ def test_a_cpu_run_prints_no_library_notices(minilm, tmp_path, capfd):
     assert "pin_memory" not in text and "PAD/BOS/EOS" not in text
     assert trainer.args.dataloader_pin_memory is (trainer.args.device.type != "cpu")
     assert trainer.model.config.pad_token_id == trainer.processing_class.pad_token_id  # aligned all the same
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_cli_lets_openmp_threads_wait_passively_unless_told_otherwise(monkeypatch, capsys, preset, expected):
+    """Set before a sub-command imports torch (whose OpenMP reads it when it loads); docs/evaluation.md has the
+    measurement behind it (spinning threads on a shared machine)."""
+    import os
+
+    from hf_mocose.commands import cli
+
+    if preset is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    assert cli.main(["mtd", "--batch_size", "64", "--target", "14.67"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == expected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import run_command
@@ -45,8 +46,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# OpenMP threads that have no work spin for a while before they sleep (GNU OpenMP's active wait). On a
+# machine whose cores other processes also use, the spinning thread takes the core from the one doing the
+# work: `hf-mocose evaluate` with torch's 2 threads on a loaded 2-core machine took 2.4x the CPU time and
+# 2.2x the wall time of a run that waits passively (docs/evaluation.md). Read when torch loads OpenMP, so set
+# before any sub-command imports torch; a value the user set is kept.
+OPENMP_WAIT_POLICY = "PASSIVE"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("OMP_WAIT_POLICY", OPENMP_WAIT_POLICY)
     parser = build_parser(next((arg for arg in argv if not arg.startswith("-")), None))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
