@@ -165,7 +165,10 @@ def run_all(ctx, args, results: dict) -> None:
                               traceback=traceback.format_exc()[-4000:])
                 ctx.log(f"section {section.name}: FAILED {record['error'][:500]}")
             record["seconds"] = round(time.monotonic() - start, 1)
-            ctx.free_memory()
+            try:
+                ctx.free_memory()
+            except Exception as err:  # noqa: BLE001 - e.g. a CUDA error left by the section: the next may still run
+                ctx.log(f"freeing memory after {section.name} failed: {err}")
             ctx.log(f"section {section.name}: {record['status']} in {record['seconds']} s")
         if record["status"] == "skipped":
             ctx.log(f"section {section.name}: skipped ({record['reason']})")
@@ -262,7 +265,8 @@ def main(argv=None) -> int:
             ctx.log(f"encoder built: {results['meta']['model']}")
         except Exception as err:  # noqa: BLE001 - recorded: nothing else can run without the encoder
             results["sections"]["setup"] = {"status": "failed", "seconds": round(time.monotonic() - setup_start, 1),
-                                            "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+                                            "error": f"{type(err).__name__}: {err}",
+                                            "traceback": traceback.format_exc()}
             args.sections = []
         run_all(ctx, args, results)
     finally:

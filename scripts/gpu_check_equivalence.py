@@ -103,7 +103,8 @@ def compare(reference: dict, other: dict, what: str, extra_ok: bool, **detail) -
               and loss_error <= LOSS_RTOL and state_error <= STATE_RTOL)
     return check_result(
         passed, state_error, STATE_RTOL,
-        f"norm(state after - eager state after) / norm(eager update) over every tensor (weights, EMA target, queue), {what}",
+        f"norm(state after - eager state after) / norm(eager update) over every tensor (weights, EMA target, "
+        f"queue), {what}",
         loss_relative_error=loss_error, loss_tolerance=LOSS_RTOL, losses=[b for _, b in pairs],
         eager_losses=reference["losses"], same_state_keys=same_keys, update_norm=moved,
         largest_difference={"tensor": worst, "max_abs": largest[worst]},

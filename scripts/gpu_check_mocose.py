@@ -140,7 +140,8 @@ def queue_result(recorder, queue, steps: int) -> dict:
     return check_result(passed, diff, QUEUE_TOLERANCE, f"max abs(device queue - CPU float64 replay) after {steps} "
                         "bf16-autocast steps (unit-length keys)",
                         queue_dtype=str(queue.keys.dtype), queue_device=str(queue.keys.device), capacity=capacity,
-                        initial_fill=recorder.queue_before[2], keys_written=written, enqueue_calls=len(recorder.enqueued),
+                        initial_fill=recorder.queue_before[2], keys_written=written,
+                        enqueue_calls=len(recorder.enqueued),
                         pointer=(int(queue.queue_ptr), ptr), fill=(int(queue.queue_fill), fill))
 
 

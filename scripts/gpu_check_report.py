@@ -45,7 +45,8 @@ def throughput_table(rows: list[dict]) -> list[str]:
     for r in rows:
         base = plain.get((r["precision"], r["batch_size"]))
         ratio = f"{r['ms_per_step'] / base:.2f}" if base and r.get("status") == "ok" else "-"
-        note = r.get("status", "-") if r.get("status") == "ok" else f"{r.get('status')}: {r.get('reason') or r.get('error', '')}"
+        status = r.get("status", "-")
+        note = status if status == "ok" else f"{status}: {r.get('reason') or r.get('error', '')}"
         lines.append(f"| {r['variant']} | {r['precision']} | {r['batch_size']} | {_number(r.get('ms_per_step'), 2)} | "
                      f"{_number(r.get('sentences_per_second'))} | {ratio} | {_number(r.get('peak_memory_mib'))} | "
                      f"{note[:200].replace('|', '/')} |")

@@ -37,6 +37,7 @@ def plan(ctx, variants=VARIANTS) -> list[tuple[int, str, str]]:
 
 def measure(ctx, variant: str, precision: str, batch_size: int) -> dict:
     """Trains one variant for warm-up + timed steps; returns its row of the throughput table."""
+    from accelerate.utils import is_compiled_module
     from turn_taking import Baton, make_step_timer
 
     sizes = ctx.sizes
@@ -50,13 +51,14 @@ def measure(ctx, variant: str, precision: str, batch_size: int) -> dict:
     trainer.add_callback(timer)
     baton.start()
     trainer.train()
+    compiled = is_compiled_module(trainer.model_wrapped)  # never: an earlier compiled run must not carry over
     steps = timer.step_s[cfg.warmup:]
     median = statistics.median(steps)
     row = {"variant": variant, "precision": precision, "batch_size": batch_size,
            "max_seq_length": sizes.max_seq_length, "steps_timed": len(steps), "warmup_steps": cfg.warmup,
            "ms_per_step": round(1000 * median, 2), "sentences_per_second": round(batch_size / median, 1),
            "ms_per_step_all": [round(1000 * s, 2) for s in timer.step_s], "full_length_sentences": full_length,
-           "peak_memory_mib": None}
+           "compiled": compiled, "peak_memory_mib": None}
     if ctx.cuda:
         row["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
         row["allocated_before_mib"] = round(allocated_before / 2**20, 1)
