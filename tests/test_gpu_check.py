@@ -55,7 +55,9 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
         assert check["passed"] is True and 0 <= check["value"] <= check["tolerance"], (name, check)
     assert results["checks"]["fsdp2_world1"]["detail"]["run"]["fsdp"] is True
     assert results["checks"]["torch_compile"]["detail"]["graphs_captured"] > 0
-    assert results["checks"]["ema_fp32_lerp"]["detail"]["target_linear_output_dtype"] == "torch.bfloat16"
+    assert results["checks"]["ema_fp32_lerp"]["detail"]["target_linear_output_dtype"] == "torch.bfloat16"  # bf16 on
+    assert results["checks"]["queue_cpu_replay"]["detail"]["initial_fill"] == 3  # build_trainer's overrides reach
+    assert results["checks"]["export_embeddings"]["detail"]["modules"] == ["Transformer", "Pooling", "Dense"]
     rows = results["throughput"]
     assert {(r["variant"], r["precision"], r["batch_size"]) for r in rows} == {
         (v, p, b) for v in VARIANTS for p in ("fp32", "bf16") for b in (64, 256)}
