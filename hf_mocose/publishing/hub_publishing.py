@@ -159,7 +159,7 @@ def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     return export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
-        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
+        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args, trainer_state=trainer.state,
         global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
