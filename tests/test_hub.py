@@ -242,7 +242,8 @@ def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, str
     # The next push to the same folder replaces it whole: a file the checkpoint no longer has (an older run's
     # second process's state) goes, the root export and the user's files stay.
     others = {"config.json": b"{}", "modules.json": b"[]", "notes.md": b"mine"}
-    fake_hub.seed("alice/run", {**fake_hub.files[("alice/run", "main")], f"{folder}/fgsm_state_rank1.pt": b"x", **others})
+    stale = {f"{folder}/fgsm_state_rank1.pt": b"x"}
+    fake_hub.seed("alice/run", {**fake_hub.files[("alice/run", "main")], **stale, **others})
     push_training_checkpoint(fake_trainer(tmp_path, strategy), checkpoint).result()
     assert set(fake_hub.files[("alice/run", "main")]) == {f"{folder}/{name}" for name in expected} | set(others)
     assert [path for _, _, path in fake_hub.deleted] == [f"{folder}/fgsm_state_rank1.pt"]

@@ -15,13 +15,14 @@ from conftest import REPO_ROOT
 
 @pytest.mark.slow
 def test_an_installed_wheel_finds_the_card_template_and_the_metric_script(tmp_path):
-    """`pip wheel` of the sources git knows (tracked or not ignored); the wheel, unpacked outside the checkout (what installing a pure-Python
-    wheel does), finds `mocose.md.j2` as package data and loads the `evaluate` metric, whose absolute import
-    reaches the installed package."""
+    """`pip wheel` of the sources git knows (tracked or not ignored); the wheel, unpacked outside the checkout
+    (what installing a pure-Python wheel does), finds `mocose.md.j2` as package data and loads the `evaluate`
+    metric, whose absolute import reaches the installed package."""
     pytest.importorskip("setuptools", reason="building a wheel without isolation needs setuptools")
     if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked sources are not known")
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                             capture_output=True, check=True).stdout
     source = tmp_path / "src"
     for name in filter(None, tracked.decode().split("\0")):
         if (REPO_ROOT / name).is_file():

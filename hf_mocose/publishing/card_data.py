@@ -124,7 +124,8 @@ def build_card_data(st_model, details: dict[str, Any], results: dict[str, Any], 
     card_data.citations = {**card_data.citations, **citations}
     card_data.usage_examples = list(USAGE_SENTENCES[:3])
     card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
-    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in details["log_rows"])]
+    logged = details["log_rows"]
+    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
     card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in details["log_rows"]]
     if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in details["log_rows"]):
         card_data.set_best_model_step(details["best_step"])

@@ -136,7 +136,8 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
     if "bf16" in train:
         train["bf16"] = _mixed_precision(recorded)
     if "head_learning_rate" in train and train["head_learning_rate"] is None:
-        train["head_learning_rate"] = f"{recorded.get('learning_rate', 'the encoder’s')} (the encoder's rate, as in the paper)"
+        encoder_rate = recorded.get("learning_rate", "the encoder's")
+        train["head_learning_rate"] = f"{encoder_rate} (the encoder's rate, as in the paper)"
     if train.get("fgsm_epsilon_unit") == "absolute":
         train["fgsm_epsilon_unit"] = "absolute (added to the word embeddings as it is)"
     elif train.get("fgsm_epsilon_unit") == "embedding_rms":
@@ -145,7 +146,8 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
         train.pop("max_steps")  # the epochs decide
     if "load_best_model_at_end" in train:
         metric = recorded.get("metric_for_best_model")
-        train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)" if train["load_best_model_at_end"]
+        best = train["load_best_model_at_end"]
+        train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)" if best
                                            else "the last step's")
     return [(TRAINING_FIELDS[name], _spelled_out(value)) for name, value in train.items()]
 

@@ -217,7 +217,8 @@ def commit_to_hub(
                 head, deletions = stale_file_deletions(api, repo_id, operations, scope, revision)
             if deletions:
                 removed = [op.path_in_repo for op in deletions]
-                logger.info("Removing %d file(s) the new upload no longer contains: %s", len(removed), ", ".join(removed))
+                logger.info("Removing %d file(s) the new upload no longer contains: %s", len(removed),
+                            ", ".join(removed))
                 description = "Removed, as the new upload no longer contains them: " + ", ".join(removed)
             return api.create_commit(repo_id, [*operations, *deletions], commit_message=commit_message,
                                      commit_description=description, revision=revision, repo_type="model",

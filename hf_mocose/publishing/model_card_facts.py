@@ -4,9 +4,9 @@ Sources: the checkpoint's `config.json` (model fields), `training_args.json` (th
 the card shows, written as JSON by `MoCoSETrainer` whenever it saves a model or checkpoint:
 `card_hyperparameters.save_card_training_args`), `training_data.json` (the training data, described at
 the start of training: `training_data_facts`), `trainer_state.json` (steps, wall time, the logs table,
-the best step) and the `hf-mocose evaluate` or trainer metrics JSON. Nothing is unpickled: a checkpoint from the Hub is data, and `training_args.bin`
-(the Trainer's pickle) would run code from the file when loaded. Checkpoints written before the JSON
-existed get a card without the training arguments, which says so.
+the best step) and the `hf-mocose evaluate` or trainer metrics JSON. Nothing is unpickled: a checkpoint
+from the Hub is data, and `training_args.bin` (the Trainer's pickle) would run code from the file when
+loaded. Checkpoints written before the JSON existed get a card without the training arguments, which says so.
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ def collect_training_details(
     batch_assumed = global_batch_size is None and world_size is None
     if global_batch_size is None and "per_device_train_batch_size" in recorded:
         # B = per device x accumulation x processes; a record without world_size is assumed to be one process.
-        global_batch_size = (recorded["per_device_train_batch_size"] * (recorded.get("gradient_accumulation_steps") or 1)
-                             * (world_size or 1))
+        accumulation = recorded.get("gradient_accumulation_steps") or 1
+        global_batch_size = recorded["per_device_train_batch_size"] * accumulation * (world_size or 1)
     d_trace = None
     if config.get("method", "mocose") == "mocose" and "ema_decay_end" in recorded and global_batch_size:
         from ..methods.mtd import max_traceable_distance
@@ -203,7 +203,8 @@ def collect_training_details(
         "una_used": recorded.get("hard_negatives") == "una",
         "pickle_only": pickle_only,
         # Checkpoints before base_model_name_or_path existed: the encoder's own record.
-        "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
+        "base_model": (config.get("base_model_name_or_path")
+                       or (config.get("encoder_config") or {}).get("_name_or_path")),
         "training_max_seq_length": config.get("max_seq_length"),
         "sentence_pooling": config.get("sentence_pooling", "cls"),
         "queue_size": config.get("queue_size"),

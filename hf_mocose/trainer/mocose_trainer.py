@@ -378,7 +378,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """
         super()._save(output_dir, state_dict)
         if self.args.should_save:
-            save_card_records(output_dir if output_dir is not None else self.args.output_dir, self.args, self.training_data)
+            folder = output_dir if output_dir is not None else self.args.output_dir
+            save_card_records(folder, self.args, self.training_data)
 
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""

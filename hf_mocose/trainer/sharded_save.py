@@ -24,8 +24,8 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
     """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
 
     - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
-      training_args.bin, training_args.json and training_data.json (the card's) beside the DCP folder, so the checkpoint is
-      recognised and checked on resume;
+      training_args.bin, training_args.json and training_data.json (the card's) beside the DCP folder, so the
+      checkpoint is recognised and checked on resume;
     - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
       saves them, so export and push read a plain `save_pretrained` folder.
     Runs on every process (the gather is collective). A no-op for other set-ups.
