@@ -8,7 +8,8 @@ tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same
     is built around with `args.model_config_kwargs()`; a loaded `PreTrainedModel` encoder likewise;
   - `load_tokenizer`: `AutoTokenizer` from where the model came from, when no `processing_class` is given;
   - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
-    a tokenised dataset passes; any other shape is refused, naming the columns it has and those it needs.
+    a tokenised dataset passes; any other shape is refused, naming the columns it has and those it needs;
+  - `prepare_trainer_inputs`: all of these, and the training data described for the model card first.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from ..data.corpus import tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
+from ..publishing.training_data_facts import describe_training_data
 from ..training.checkpoints import check_weights_complete
 
 logger = logging.getLogger(__name__)
@@ -195,7 +197,9 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
 
 
 def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
-    """`(MoCoSEModel, tokenizer, train_dataset)` from what `MoCoSETrainer.__init__` was given (see the module)."""
+    """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
+    was given (see the module). The description (`publishing.training_data_facts`: size, token lengths,
+    samples) is taken before tokenising, while the raw text is there, for the model card."""
     from .training_args import MoCoSETrainingArguments
 
     if not isinstance(args, MoCoSETrainingArguments):
@@ -205,8 +209,10 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
-    train_dataset = prepare_train_dataset(train_dataset, processing_class, mocose_model.config.max_seq_length, args)
-    return mocose_model, processing_class, train_dataset
+    max_seq_length = mocose_model.config.max_seq_length
+    described = describe_training_data(train_dataset, processing_class, max_seq_length)
+    train_dataset = prepare_train_dataset(train_dataset, processing_class, max_seq_length, args)
+    return mocose_model, processing_class, train_dataset, described
 
 
 def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
