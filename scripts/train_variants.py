@@ -52,6 +52,7 @@ def _common_args(cfg, output_dir: str) -> dict:
         eval_strategy="no",
         report_to="none",
         use_cpu=cfg.device == "cpu",
+        bf16=getattr(cfg, "bf16", False),  # autocast, as users switch it on (scripts/gpu_check.py sets it)
         seed=cfg.seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -59,8 +60,12 @@ def _common_args(cfg, output_dir: str) -> dict:
     )
 
 
-def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], output_dir: str):
-    """The trainer for one variant; returns (trainer, ema_callback or None)."""
+def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], output_dir: str, **overrides):
+    """The trainer for one variant; returns (trainer, ema_callback or None).
+
+    `overrides`: further `TrainingArguments` fields, e.g. `optim`, `fsdp`, `torch_compile`, or for the
+    `MoCoSETrainer` variants `MoCoSETrainingArguments` ones (`encoder_dropout`, `queue_init_size`, ...).
+    """
     from datasets import Dataset
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
@@ -75,7 +80,7 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
         hidden = transformer.auto_model.config.hidden_size
         model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
         dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-        args = SentenceTransformerTrainingArguments(**_common_args(cfg, output_dir))
+        args = SentenceTransformerTrainingArguments(**{**_common_args(cfg, output_dir), **overrides})
         trainer = SentenceTransformerTrainer(
             model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model, scale=20.0)
         )
@@ -99,7 +104,7 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
 
         model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
         collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
-        args = TrainingArguments(**_common_args(cfg, output_dir))
+        args = TrainingArguments(**{**_common_args(cfg, output_dir), **overrides})
         trainer = PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator)
         if variant == "floor":
             frozen = AutoModel.from_pretrained(model_path, add_pooling_layer=False).to(args.device).train()
@@ -112,11 +117,11 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
 
     method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
                     "mocose_exact": ("mocose", "exact")}[variant]
-    args = MoCoSETrainingArguments(
-        **_common_args(cfg, output_dir), method=method, fgsm_mode=fgsm, max_seq_length=cfg.max_seq_length,
-        queue_size=cfg.queue_size, queue_init_size=min(128, cfg.queue_size), pad_to_max_length=True,
-        sentence_pooling="cls",
-    )
+    args = MoCoSETrainingArguments(**{
+        **_common_args(cfg, output_dir), "method": method, "fgsm_mode": fgsm, "max_seq_length": cfg.max_seq_length,
+        "queue_size": cfg.queue_size, "queue_init_size": min(128, cfg.queue_size), "pad_to_max_length": True,
+        "sentence_pooling": "cls", **overrides,
+    })
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
     return trainer, trainer.ema_callback

@@ -1,9 +1,11 @@
 """A fake Hugging Face Hub for tests: a `ThreadingHTTPServer` on 127.0.0.1 (free port).
 
 It answers the endpoints the real `huggingface_hub` client calls for create-repo, create-branch,
-README validation, preupload and commit. It answers "regular" to every preupload question, so
-files travel base64-encoded inside the commit's NDJSON payload (the server decides upload modes;
-the client follows), and it keeps what arrives: the committed files per (repo, revision), and
+README validation, preupload, commit, model info at a revision and the file tree. It answers
+"regular" to every preupload question, so files travel base64-encoded inside the commit's NDJSON
+payload (the server decides upload modes; the client follows), and it keeps what arrives: the
+committed files per (repo, revision), file deletions applied, each branch's head commit (a new one
+per commit; a commit whose `parentCommit` is not the head is refused with 412, as on the Hub), and
 every request as received (`raw`, without its Authorization header, which is kept apart in
 `authorizations`) so tests can search everything that was sent. A repo created without a namespace
 goes to the token's user (`FakeHub.user`), as on the Hub. `fake_hub` is the pytest fixture that
@@ -13,6 +15,7 @@ starts one and points huggingface_hub at it (import it into a test module to use
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,9 +39,26 @@ class FakeHub:
         self.fail_create_repo: int | None = None  # HTTP status to answer create-repo with
         self.fail_commit: int | None = None  # HTTP status to answer commits with
         self.commits: list[tuple[str, str, str]] = []  # (repo, revision, commit message)
+        self.deleted: list[tuple[str, str, str]] = []  # (repo, revision, path) of every deletion committed
+        self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> head commit oid
+        self.snapshots: dict[str, dict[str, bytes]] = {}  # commit oid -> the files at that commit
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _new_head(self, repo: str, revision: str, files: dict[str, bytes], initial: bool = False) -> str:
+        """Records a new head commit of `revision` holding `files`; an existing repo keeps its head on re-create."""
+        if initial and (repo, revision) in self.heads:
+            return self.heads[(repo, revision)]
+        oid = hashlib.sha1(f"{repo}@{revision}#{len(self.snapshots)}".encode()).hexdigest()
+        self.snapshots[oid] = dict(files)
+        self.heads[(repo, revision)] = oid
+        return oid
+
+    def seed(self, repo: str, files: dict[str, bytes], revision: str = "main") -> None:
+        """Puts `files` in `repo` as if an earlier commit had (e.g. a user's own files, an older export)."""
+        self.files[(repo, revision)] = dict(files)
+        self._new_head(repo, revision, files)
 
     def _handler(self):
         hub = self
@@ -65,7 +85,21 @@ class FakeHub:
 
             def do_GET(self):
                 self._record()
-                return self._reply(404, {"error": f"no route {self.path}"})
+                parts = self.path.split("?")[0].split("/")  # ['', 'api', 'models', ns, name, action, rev, *path]
+                if len(parts) < 7 or parts[:3] != ["", "api", "models"] or parts[5] not in ("revision", "tree"):
+                    return self._reply(404, {"error": f"no route {self.path}"})
+                repo, action, revision = f"{parts[3]}/{parts[4]}", parts[5], parts[6]
+                oid = hub.heads.get((repo, revision), revision)
+                if oid not in hub.snapshots:
+                    return self._reply(404, {"error": f"Invalid rev id: {revision}"})
+                files = hub.snapshots[oid]
+                if action == "revision":
+                    return self._reply(200, {"id": repo, "sha": oid, "siblings": [{"rfilename": p} for p in files]})
+                prefix = "/".join(parts[7:])
+                return self._reply(200, [
+                    {"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                    for path, data in sorted(files.items()) if not prefix or path.startswith(prefix + "/")
+                ])
 
             def do_POST(self):
                 body = self._record()
@@ -79,6 +113,7 @@ class FakeHub:
                         return self._reply(hub.fail_create_repo, {"error": "Internal Error - We're working hard to fix this"})
                     data = json.loads(body)
                     namespace = data.get("organization") or hub.user
+                    hub._new_head(f"{namespace}/{data['name']}", "main", {}, initial=True)
                     return self._reply(200, {"url": f"{hub.url}/{namespace}/{data['name']}"})
                 parts = path.split("/")  # ['', 'api', 'models', ns, name, action, revision]
                 if len(parts) != 7 or parts[:3] != ["", "api", "models"]:
@@ -86,6 +121,9 @@ class FakeHub:
                 repo, action, revision = f"{parts[3]}/{parts[4]}", parts[5], parts[6]
                 if action == "branch":
                     hub.branches.add((repo, revision))
+                    if (repo, revision) not in hub.heads:  # a new branch starts at main's head, with its files
+                        main = hub.snapshots.get(hub.heads.get((repo, "main")), {})
+                        hub._new_head(repo, revision, main, initial=True)
                     return self._reply(200, {})
                 if action == "preupload":
                     files = json.loads(body)["files"]
@@ -95,16 +133,28 @@ class FakeHub:
                 if action == "commit" and hub.fail_commit:
                     return self._reply(hub.fail_commit, {"error": "Internal Error - We're working hard to fix this"})
                 if action == "commit":
-                    stored = hub.files.setdefault((repo, revision), {})
-                    for line in body.splitlines():
-                        item = json.loads(line)
+                    items = [json.loads(line) for line in body.splitlines()]
+                    header = next(item["value"] for item in items if item["key"] == "header")
+                    parent = header.get("parentCommit")
+                    if parent is not None and parent != hub.heads.get((repo, revision)):
+                        return self._reply(412, {"error": f"A commit has happened since {parent}"})
+                    stored = dict(hub.snapshots.get(hub.heads.get((repo, revision)), {}))
+                    for item in items:
+                        path = item["value"].get("path")
                         if item["key"] == "file":
-                            stored[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-                        elif item["key"] == "header":
-                            hub.commits.append((repo, revision, item["value"]["summary"]))
-                        else:
+                            stored[path] = base64.b64decode(item["value"]["content"])
+                        elif item["key"] in ("deletedFile", "deletedFolder"):
+                            gone = [p for p in stored if p == path or p.startswith(path.rstrip("/") + "/")]
+                            if not gone:
+                                return self._reply(404, {"error": f"cannot delete {path}: no such file"})
+                            for name in gone:
+                                del stored[name]
+                                hub.deleted.append((repo, revision, name))
+                        elif item["key"] != "header":
                             return self._reply(400, {"error": f"unexpected commit item {item['key']}"})
-                    oid = "0123456789abcdef0123456789abcdef01234567"
+                    hub.files[(repo, revision)] = stored
+                    hub.commits.append((repo, revision, header["summary"]))
+                    oid = hub._new_head(repo, revision, stored)
                     return self._reply(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
                                              "pullRequestUrl": None})
                 return self._reply(404, {"error": f"no route {path}"})

@@ -137,6 +137,10 @@ def test_main_end_to_end_tiny(tiny_encoder, tmp_path, capsys):
     assert st_model.encode(["a sentence"]).shape == (1, 32)
     assert st_model.max_seq_length == 48 and model.config.max_seq_length == 16  # inference length, training length
     assert "48 tokens at inference (longer inputs are truncated); training used 16 tokens" in (export / "README.md").read_text()
+    # scripts/train.py keeps the text beside the tokens, so the card's training data shows the sentences as written
+    card = (export / "README.md").read_text()
+    first = python_docs_sentences()[0]
+    assert "* Size: 32 training sentences" in card and f"<code>{first[:40]}" in card and "decoded from the tokens" not in card
 
 
 def test_export_length_default_and_bad_value_fails_before_training(tiny_encoder, tmp_path):

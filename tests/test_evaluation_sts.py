@@ -170,6 +170,23 @@ def test_metric_module_loads_offline():
     assert got["spearman"] == pytest.approx(expected["spearman"]) and got["pearson"] == pytest.approx(expected["pearson"])
 
 
+def test_metric_and_evaluate_share_one_correlation_rule():
+    """One implementation behind `hf-mocose evaluate` and the `evaluate` metric: predictions constant up to float
+    rounding (identical embeddings: cosines 1 +- 1e-16) have no correlation in both, and both give the same numbers."""
+    from hf_mocose.metrics import correlation, load_sts_correlation
+
+    assert sts.score_correlation is correlation.score_correlation
+    metric = load_sts_correlation()
+    gold = [1.0, 2.0, 3.0, 4.0]
+    rounding_noise = [1.0, 1.0 + 2e-16, 1.0 - 2e-16, 1.0 + 4e-16]
+    for scorer in (sts.score_correlation, lambda p, g: metric.compute(predictions=p, references=g)):
+        result = scorer(rounding_noise, gold)
+        assert math.isnan(result["spearman"]) and math.isnan(result["pearson"]) and result["n"] == 4
+        assert math.isnan(scorer([0.1, 0.2, 0.3, 0.4], [2.0, 2.0, 2.0, 2.0])["spearman"])
+        with pytest.raises(ValueError, match="at least 2 pairs"):
+            scorer([0.5], [1.0])
+
+
 @needs_senteval
 def test_real_pair_counts():
     counts = {name: len(pairs) for name, pairs in sts.load_sts_task(SENTEVAL_DIR, "sts12").items()}

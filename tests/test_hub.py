@@ -58,6 +58,75 @@ def test_push_to_branch_creates_it(fake_hub, export_dir):
     assert fake_hub.files[("alice/tiny-mocose", "v1")] == snapshot(export_dir)
 
 
+# An earlier push's files: an older export (sharded weights, a RoBERTa tokenizer, an extra file in 1_Pooling/),
+# next to what the user and the repo keep (their own files, .gitattributes, a backend export, the MoCoSE model).
+OLDER_EXPORT = {
+    "model-00001-of-00002.safetensors": b"old shard 1", "model-00002-of-00002.safetensors": b"old shard 2",
+    "model.safetensors.index.json": b"{}", "pytorch_model.bin": b"old bin", "vocab.json": b"{}",
+    "merges.txt": b"old merges", "1_Pooling/old_extra.json": b"{}", "README.md": b"old card",
+}
+NOT_OURS = {
+    ".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n", "notes.md": b"mine",
+    "results/README.md": b"my results", "results/scores.csv": b"1,2", "onnx/model.onnx": b"onnx",
+    "3_Normalize/config.json": b"{}", "2024_runs/log.txt": b"mine", "mocose/config.json": b"{}",
+    "last-checkpoint/optimizer.pt": b"opt",
+}
+
+
+def test_push_over_an_existing_export_deletes_exactly_the_files_it_no_longer_contains(fake_hub, export_dir):
+    """One commit: the export's files added, the root export files an older push left deleted (sharded
+    weights beside a new model.safetensors would load instead of it), everything else untouched."""
+    fake_hub.seed("alice/tiny-mocose", {**OLDER_EXPORT, **NOT_OURS})
+    head = fake_hub.heads[("alice/tiny-mocose", "main")]
+    push_export(export_dir, "alice/tiny-mocose")
+    new = snapshot(export_dir)
+    assert fake_hub.files[("alice/tiny-mocose", "main")] == {**NOT_OURS, **new}
+    assert sorted(path for _, _, path in fake_hub.deleted) == sorted(set(OLDER_EXPORT) - set(new))
+    assert "README.md" in new and "1_Pooling/config.json" in new and "model.safetensors" in new
+    assert len(fake_hub.commits) == 1  # additions and deletions: one commit, built on the head it read
+    commit = next(raw for raw in fake_hub.raw if raw.startswith(b"POST /api/models/alice/tiny-mocose/commit/main"))
+    assert f'"parentCommit": "{head}"'.encode() in commit or f'"parentCommit":"{head}"'.encode() in commit
+    # A second push of the same export deletes nothing.
+    push_export(export_dir, "alice/tiny-mocose")
+    assert len(fake_hub.deleted) == len(set(OLDER_EXPORT) - set(new))
+
+
+def test_push_fails_instead_of_deleting_what_a_concurrent_commit_added(fake_hub, export_dir, monkeypatch):
+    """The commit names the head its deletions were read from: a commit landing in between makes it fail (412)."""
+    from huggingface_hub import HfApi
+
+    fake_hub.seed("alice/tiny-mocose", OLDER_EXPORT)
+    listed = HfApi.list_repo_files
+
+    def list_then_someone_pushes(self, *args, **kwargs):
+        files = listed(self, *args, **kwargs)
+        fake_hub.seed("alice/tiny-mocose", {**OLDER_EXPORT, "theirs.txt": b"new"})
+        return files
+
+    monkeypatch.setattr(HfApi, "list_repo_files", list_then_someone_pushes)
+    with pytest.raises(HubPushError, match="412"):
+        push_export(export_dir, "alice/tiny-mocose")
+    assert fake_hub.files[("alice/tiny-mocose", "main")] == {**OLDER_EXPORT, "theirs.txt": b"new"}
+    assert fake_hub.deleted == []
+
+
+def test_push_scope_owns_export_files_and_its_folders_only():
+    from hf_mocose.publishing.hub_ownership import PushScope, stale_files
+
+    root = PushScope(export_root=True)
+    owned = ["config.json", "model.safetensors", "model-00003-of-00010.safetensors", "pytorch_model-00001-of-00002.bin",
+             "tokenizer.json", "spiece.model", "1_Pooling/config.json", "2_Dense/model.safetensors"]
+    kept = [".gitattributes", "README.md", "2_Dense/README.md", "mocose/config.json", "onnx/model.onnx", "data.csv",
+            "2024_runs/a.txt", "3_Normalize/x", "model.onnx", "sub/config.json"]
+    assert [p for p in owned + kept if root.owns(p)] == owned
+    final = PushScope(export_root=True, folders=("mocose",))
+    assert final.owns("mocose/model.safetensors") and not final.owns("mocose/README.md")
+    assert not final.owns("mocose-old/x") and not final.owns("last-checkpoint/x")
+    # A folder the new export has is the export's (a module folder of another pooling, say).
+    assert stale_files(["9_Extra/a", "9_Extra/b", "x/y"], ["9_Extra/a", "README.md"], root) == ["9_Extra/b"]
+    assert stale_files(["mocose/a", "mocose/b", "c"], ["mocose/a"], PushScope(folders=("mocose",))) == ["mocose/b"]
+
+
 def test_dry_run_sends_nothing(fake_hub, export_dir, capsys):
     code, out, _ = run_cli(["push", str(export_dir), "--repo_id", "alice/tiny-mocose", "--dry_run"], capsys)
     assert code == 0
@@ -170,6 +239,14 @@ def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, str
     uploaded = set(fake_hub.files[("alice/run", "main")])
     expected = {"config.json", "model.safetensors"} | ({"optimizer.pt", "trainer_state.json"} if folder != "mocose" else set())
     assert uploaded == {f"{folder}/{name}" for name in expected}
+    # The next push to the same folder replaces it whole: a file the checkpoint no longer has (an older run's
+    # second process's state) goes, the root export and the user's files stay.
+    others = {"config.json": b"{}", "modules.json": b"[]", "notes.md": b"mine"}
+    stale = {f"{folder}/fgsm_state_rank1.pt": b"x"}
+    fake_hub.seed("alice/run", {**fake_hub.files[("alice/run", "main")], **stale, **others})
+    push_training_checkpoint(fake_trainer(tmp_path, strategy), checkpoint).result()
+    assert set(fake_hub.files[("alice/run", "main")]) == {f"{folder}/{name}" for name in expected} | set(others)
+    assert [path for _, _, path in fake_hub.deleted] == [f"{folder}/fgsm_state_rank1.pt"]
 
 
 def test_unreachable_hub_is_a_clear_error(fake_hub, export_dir, monkeypatch):

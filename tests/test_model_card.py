@@ -67,12 +67,14 @@ def test_card_renders_parses_and_carries_results(run):
     assert data.library_name == "sentence-transformers" and data.pipeline_tag == "sentence-similarity"
     assert {"sentence-transformers", "sentence-similarity", "feature-extraction", "mocose"} <= set(data.tags)
     assert data.base_model == "bert-base-uncased" and data.datasets == ["princeton-nlp/datasets-for-simcse"]
-    assert data.language == "en" and data.license == "apache-2.0" and data.model_name == "mocose-tiny"
+    assert data.language == ["en"] and data.license == "apache-2.0" and data.model_name == "mocose-tiny"
+    # sentence-transformers' model-index convention: spearman_cosine / pearson_cosine in [-1, 1]
     results = {(r.dataset_type, r.metric_type): r.metric_value for r in data.eval_results}
+    assert {r.task_type for r in data.eval_results} == {"semantic-similarity", "text-classification"}
     for task in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "stsb_dev"):
-        assert results[(task, "spearman")] == EVAL[task]["spearman"]
-        assert results[(task, "pearson")] == EVAL[task]["pearson"]
-    assert results[("sts-avg", "spearman")] == 76.5 and results[("mr", "accuracy")] == 80.25
+        assert results[(task, "spearman_cosine")] == pytest.approx(EVAL[task]["spearman"] / 100)
+        assert results[(task, "pearson_cosine")] == pytest.approx(EVAL[task]["pearson"] / 100)
+    assert results[("sts-avg", "spearman_cosine")] == 0.765 and results[("mr", "accuracy")] == 0.8025
     text = card.text
     assert 'SentenceTransformer("alice/mocose-tiny")' in text and 'snapshot_download("alice/mocose-tiny")' in text
     assert "| **Average (7 STS)** | **76.50** |" in text and "| MoCoSE paper, average¹ | 77.27 |" in text
@@ -85,7 +87,7 @@ def test_card_renders_parses_and_carries_results(run):
     assert "d_trace = 1/(1−η_end) + K/B = **22.00**" in text  # 1/(1-0.95) + 8/4
     assert "**Optimizer steps:** 120 of 120" in text and "1h 02m 03s" in text
     assert "Exploring the Impact of Negative Samples of Contrastive Learning" in text
-    assert "Libraries at export:" in text and "sentence-transformers" in text
+    assert "### Framework Versions" in text and "- Sentence Transformers: " in text
 
 
 def test_partial_average_is_labelled_and_not_compared(run):
@@ -157,7 +159,7 @@ def test_hub_snippet_reproduces_sentence_transformers_on_long_inputs(run, tmp_pa
 def test_card_states_inference_and_training_lengths(run):
     out, export, _ = run
     text = render_model_card(export, out / "final").text
-    assert "| Max sequence length | 128 tokens at inference (longer inputs are truncated); training used 16 tokens" in text
+    assert "**Maximum Sequence Length:** 128 tokens at inference (longer inputs are truncated); training used 16 tokens" in text
     assert "| training sequence length (tokens) | 16 |" in text
     assert "Inputs longer than 128 tokens are truncated" in text
     assert "Training saw only the first 16 tokens of each sentence" in text
@@ -214,7 +216,7 @@ def test_cli_export_writes_the_card(run, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     card = ModelCard.load(tmp_path / "exp" / "README.md")
     assert card.data.model_name == "tiny" and card.data.datasets == ["princeton-nlp/datasets-for-simcse"]
-    assert any(r.dataset_type == "stsb" and r.metric_value == 77.7 for r in card.data.eval_results)
+    assert any(r.dataset_type == "stsb" and r.metric_value == 0.777 for r in card.data.eval_results)
 
 
 def test_reference_switches_are_on_the_card(run, tmp_path):
@@ -323,9 +325,9 @@ def test_trainer_card_keywords_have_transformers_meaning(run):
     data = card.data
     assert "my-tag" in data.tags and not {"m", "y", "-"} & set(data.tags)  # a string is one tag
     assert data.base_model == "bert-base-uncased" and data.datasets == ["princeton-nlp/datasets-for-simcse"]
-    assert data.language == "de" and data.license == "mit"
+    assert data.language == ["de"] and data.license == "mit"
     assert card.text.startswith("\n# My model") or "# My model\n" in card.text
-    assert "**Corpus:** wiki1m (wiki1m_for_simcse.txt)" in card.text
+    assert "**Training Dataset:** wiki1m (wiki1m_for_simcse.txt)" in card.text
     assert {"sentence-transformers", "sentence-similarity", "feature-extraction", "mocose"} <= set(data.tags)
     with pytest.raises(ValueError, match="finetuned_from='a/b' and base_model='c/d'"):
         card_kwargs_from_trainer_keywords(finetuned_from="a/b", base_model="c/d")

@@ -85,6 +85,30 @@ def test_trainer_push_to_hub_publishes_what_hf_mocose_push_publishes(fake_hub, t
     assert ("alice/run", "main", "End of training") in fake_hub.commits
 
 
+def test_push_to_hub_over_an_earlier_push_deletes_only_the_files_it_no_longer_contains(fake_hub, tiny_encoder, tmp_path):
+    """The final push owns the root export and `mocose/`: an older sharded save there goes, in the same commit;
+    checkpoints, the user's files and .gitattributes stay."""
+    trainer = make_trainer(tiny_encoder, tmp_path / "run", n_sentences=SENTENCES, max_steps=1, hub_model_id="alice/run")
+    trainer.train()
+    older = {"model.safetensors.index.json": b"{}", "model-00001-of-00002.safetensors": b"old",
+             "mocose/model.safetensors.index.json": b"{}", "mocose/model-00002-of-00002.safetensors": b"old",
+             "mocose/fgsm_state_rank1.pt": b"old", "2_Dense/model.safetensors": b"old cls_dense head"}
+    kept = {".gitattributes": b"*.bin filter=lfs", "last-checkpoint/optimizer.pt": b"opt", "my_eval.json": b"{}",
+            "examples/README.md": b"mine"}
+    fake_hub.seed("alice/run", {**older, **kept})
+    trainer.push_to_hub()
+    from hf_mocose.publishing.hub import CHECKPOINT_IGNORE, list_upload_files
+
+    repo = fake_hub.files[("alice/run", "main")]
+    export = snapshot(tmp_path / "run" / "sentence-transformers")
+    assert "2_Dense/model.safetensors" not in export  # cls pooling: no Dense module in the new export
+    mocose = {f"mocose/{path}" for path, _ in list_upload_files(tmp_path / "run" / "final", CHECKPOINT_IGNORE)}
+    assert set(repo) == set(kept) | set(export) | mocose and "mocose/model.safetensors" in mocose
+    assert all(repo[path] == data for path, data in {**kept, **export}.items())
+    assert sorted(path for _, _, path in fake_hub.deleted) == sorted(older)
+    assert [c for c in fake_hub.commits if c[0] == "alice/run"] == [("alice/run", "main", "End of training")]
+
+
 @pytest.mark.parametrize("call, error, message", [
     (dict(model_nme="typo"), TypeError, "unexpected keyword argument\\(s\\) 'model_nme'"),
     (dict(finetuned_from="a/b", base_model="c/d"), ValueError, "finetuned_from='a/b' and base_model='c/d'"),

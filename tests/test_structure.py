@@ -32,7 +32,7 @@ LAYER_IMPORTS = {
     "publishing": {"models", "methods", "data", "training"},
     "trainer": {"models", "methods", "data", "training", "publishing"},
     "st_loss": {"models", "methods", "data", "training", "publishing"},
-    "evaluation": {"models", "methods", "data", "trainer"},  # `trainer` only for the re-export in trainer_sts.py
+    "evaluation": {"models", "methods", "data", "metrics", "trainer"},  # `trainer` only for the re-export in trainer_sts.py
     "commands": {"models", "methods", "data", "training", "publishing", "trainer", "st_loss", "evaluation"},
     "<root>": {"models", "trainer", "st_loss", "publishing"},
 }

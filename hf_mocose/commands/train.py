@@ -244,9 +244,10 @@ def main(argv: list[str] | None = None) -> str:
             script_args.positive_column,
             streaming=script_args.streaming,
         )
+        # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
+        # the trainer describes the training data for the model card from it (training_data.json).
         train_dataset = tokenize_sentences(
-            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers,
-            keep_text=args.hard_negatives is not None,
+            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers, keep_text=True,
         )
         if script_args.fraternal_column:
             fraternal_tokenizer = AutoTokenizer.from_pretrained(script_args.fraternal_model_name_or_path)

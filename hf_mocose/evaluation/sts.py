@@ -24,6 +24,7 @@ from hf_mocose.data.sts_files import (  # noqa: F401
     read_sts_year_set,
     require_senteval_file,
 )
+from hf_mocose.metrics.correlation import score_correlation  # the one implementation, also the `evaluate` metric's
 
 # SentEval folder and set names, in SentEval's order.
 STS_YEAR_SETS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -85,26 +86,6 @@ def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
         raise ValueError(f"embeddings must both be (n, dim); got {tuple(a.shape)} and {tuple(b.shape)}")
     # float64: float32 rounding noise would otherwise rank-order identical pairs at random.
     return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1, eps=1e-12).numpy()
-
-
-def score_correlation(predicted, gold) -> dict:
-    """Spearman and Pearson (both x100) of predicted vs gold similarities, plus the pair count `n`."""
-    from scipy.stats import pearsonr, spearmanr
-
-    predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    if predicted.shape != gold.shape:
-        raise ValueError(f"{predicted.shape[0]} predictions for {gold.shape[0]} gold scores")
-    if len(gold) < 2:
-        raise ValueError("a correlation needs at least 2 pairs")
-    # A constant input (up to float rounding, e.g. identical embeddings: all cosines 1) has no
-    # correlation: report nan rather than rank rounding noise.
-    if np.ptp(predicted) <= 1e-9 or np.ptp(gold) == 0:
-        return {"spearman": float("nan"), "pearson": float("nan"), "n": int(len(gold))}
-    return {
-        "spearman": float(spearmanr(predicted, gold)[0] * 100),
-        "pearson": float(pearsonr(predicted, gold)[0] * 100),
-        "n": int(len(gold)),
-    }
 
 
 def sts_correlation(embeddings1, embeddings2, gold) -> dict:

@@ -1,9 +1,10 @@
-"""`evaluate` metric scripts shipped with hf-mocose (installed as package data: metrics/*.py).
+"""`evaluate` metric scripts shipped with hf-mocose (installed as package data: metrics/*.py), and their scoring.
 
-`evaluate.load` takes a metric script by file path and imports it on its own, so the scripts
-here import nothing from hf_mocose; this package only says where they are.
+`evaluate.load` takes a metric script by file path and imports it on its own, outside the package, so a
+script reaches the scoring by absolute import (`hf_mocose.metrics.correlation`, which `hf-mocose evaluate`
+scores with too); this package also says where the scripts are.
 
-May import: nothing else from `hf_mocose`.
+May import: nothing else from `hf_mocose` (the base layer: `evaluation` imports it).
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """STS correlation: Spearman and Pearson (x100) between predicted and gold similarity scores.
 
-A self-contained `evaluate` metric script (only `evaluate`, `datasets` and `scipy` imports), so
-`evaluate.load(path_to_this_file)` works offline, unlike `evaluate.load("spearmanr")`, which needs
-the Hugging Face Hub. Get the path with `hf_mocose.metrics.sts_correlation_path()`.
+An `evaluate` metric script, so `evaluate.load(path_to_this_file)` works offline, unlike
+`evaluate.load("spearmanr")`, which needs the Hugging Face Hub. Get the path with
+`hf_mocose.metrics.sts_correlation_path()`. `evaluate.load` imports the script by file path, outside the
+package, so it reaches the scoring by absolute import: `hf_mocose.metrics.correlation.score_correlation`,
+the function `hf-mocose evaluate` scores with (same numbers, same `nan` rule for constant inputs).
 """
 
 import datasets
 import evaluate
-import numpy as np
-from scipy.stats import pearsonr, spearmanr
+
+from hf_mocose.metrics.correlation import score_correlation
 
 _CITATION = """\
 @inproceedings{cer-etal-2017-semeval,
@@ -33,6 +35,8 @@ Returns:
     spearman (`float`): Spearman rank correlation x100.
     pearson (`float`): Pearson correlation x100.
     n (`int`): number of pairs.
+    Both correlations are nan when the predictions are constant (up to float rounding, 1e-9) or the
+    references are; fewer than 2 pairs is a ValueError.
 Examples:
     >>> metric = evaluate.load(hf_mocose.metrics.sts_correlation_path())
     >>> metric.compute(predictions=[0.1, 0.5, 0.9], references=[1.0, 2.0, 5.0])
@@ -56,15 +60,4 @@ class StsCorrelation(evaluate.Metric):
         )
 
     def _compute(self, predictions, references):
-        predictions = np.asarray(predictions, dtype=np.float64)
-        references = np.asarray(references, dtype=np.float64)
-        if len(predictions) < 2:
-            raise ValueError("STS correlation needs at least 2 pairs")
-        if np.ptp(predictions) == 0 or np.ptp(references) == 0:
-            # A constant input has no correlation; nan rather than a scipy warning.
-            return {"spearman": float("nan"), "pearson": float("nan"), "n": int(len(predictions))}
-        return {
-            "spearman": float(spearmanr(predictions, references)[0] * 100),
-            "pearson": float(pearsonr(predictions, references)[0] * 100),
-            "n": int(len(predictions)),
-        }
+        return score_correlation(predictions, references)

@@ -10,8 +10,12 @@ Repository layout this package writes (so `SentenceTransformer(repo_id)` always 
     last-checkpoint/       the latest resumable training checkpoint   (hub_strategy="checkpoint")
     checkpoint-N/          every resumable training checkpoint        (hub_strategy="all_checkpoints")
 
-Every upload is ONE `HfApi.create_commit` of `CommitOperationAdd`s (`commit_to_hub`), so a push that
-puts the export at the root and the MoCoSE model in `mocose/` lands as one commit, and its errors
+Every upload is ONE `HfApi.create_commit` (`commit_to_hub`): `CommitOperationAdd`s for the new files and,
+for a push that owns paths (`hub_ownership.PushScope`: the root export, `mocose/`, a checkpoint folder),
+`CommitOperationDelete`s for the files there that the new upload no longer contains, so no stale file
+survives a push and nothing outside those paths is touched. The commit names the head it was built on
+(`parent_commit`), so a concurrent change makes it fail instead of deleting what it did not see. A push
+that puts the export at the root and the MoCoSE model in `mocose/` lands as one commit, and its errors
 surface from that one call (or its one `Future`). What a training run publishes, and when, is
 `hub_publishing.py`. The token comes from huggingface_hub's usual sources (HF_TOKEN, `hf auth login`
 cache) unless passed explicitly; it is never printed, logged or written anywhere.
@@ -19,9 +23,14 @@ cache) unless passed explicitly; it is never printed, logged or written anywhere
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+from .hub_ownership import PushScope, stale_files
+
+logger = logging.getLogger(__name__)
 
 MOCOSE_SUBFOLDER = "mocose"
 # Training-loop internals that are never uploaded with a checkpoint's model files.
@@ -57,8 +66,7 @@ def validate_repo_id(repo_id: str) -> str:
 
 def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | None = None) -> list[tuple[str, int]]:
     """`(path_in_repo, size)` for every file `upload_folder` would send, with the same filtering."""
-    from huggingface_hub.utils import filter_repo_objects
-    from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
+    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
     root = Path(folder).expanduser().resolve()
     files = {p.relative_to(root).as_posix(): p for p in sorted(root.glob("**/*")) if p.is_file()}
@@ -157,6 +165,21 @@ def create_hub_repo(name: str, *, token: str | None = None, private: bool | None
         return api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
 
 
+def stale_file_deletions(api, repo_id: str, operations: list, scope: PushScope, revision: str | None):
+    """`(head commit, CommitOperationDelete list)`: the files under `scope` at `revision`'s head that
+    `operations` do not add. A revision with no commit yet has nothing to delete (head None)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    try:
+        head = api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION).sha
+        existing = api.list_repo_files(repo_id, revision=head, repo_type="model")
+    except RevisionNotFoundError:
+        return None, []
+    added = [op.path_in_repo for op in operations if isinstance(op, CommitOperationAdd)]
+    return head, [CommitOperationDelete(path_in_repo=path) for path in stale_files(existing, added, scope)]
+
+
 def commit_to_hub(
     operations: list,
     repo_id: str,
@@ -169,12 +192,15 @@ def commit_to_hub(
     endpoint: str | None = None,
     run_as_future: bool = False,
     owner=None,
+    scope: PushScope | None = None,
 ):
     """Creates `repo_id` if needed (and the branch `revision`) and commits `operations` in ONE `create_commit`.
 
-    Returns the `CommitInfo`, or with `run_as_future` a `Future` of it whose `result()` raises the
-    `HubPushError`. Errors are `HubPushError`s naming `what` and the repo, with the token scrubbed.
-    `owner`: see `hub_api` (futures of one trainer run in order).
+    With `scope`, the same commit deletes every file the push owns (`hub_ownership`) that `operations` do not
+    add, read from the branch's head, which the commit names as its parent. Returns the `CommitInfo`, or
+    with `run_as_future` a `Future` of it whose `result()` raises the `HubPushError`. Errors are
+    `HubPushError`s naming `what` and the repo, with the token scrubbed. `owner`: see `hub_api` (futures of
+    one trainer run in order).
     """
     from huggingface_hub import constants
 
@@ -186,8 +212,17 @@ def commit_to_hub(
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             if revision and revision != constants.DEFAULT_REVISION:
                 api.create_branch(repo_id, branch=revision, exist_ok=True)  # a commit needs an existing branch
-            return api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision,
-                                     repo_type="model")
+            head, deletions, description = None, [], None
+            if scope is not None:
+                head, deletions = stale_file_deletions(api, repo_id, operations, scope, revision)
+            if deletions:
+                removed = [op.path_in_repo for op in deletions]
+                logger.info("Removing %d file(s) the new upload no longer contains: %s", len(removed),
+                            ", ".join(removed))
+                description = "Removed, as the new upload no longer contains them: " + ", ".join(removed)
+            return api.create_commit(repo_id, [*operations, *deletions], commit_message=commit_message,
+                                     commit_description=description, revision=revision, repo_type="model",
+                                     parent_commit=head)
 
     return api.run_as_future(commit) if run_as_future else commit()
 
@@ -205,8 +240,10 @@ def upload_to_hub(
     ignore_patterns: list[str] | None = None,
     run_as_future: bool = False,
     owner=None,
+    scope: PushScope | None = None,
 ):
-    """Uploads `folder` (to `path_in_repo`) in one commit; see `commit_to_hub` for the rest.
+    """Uploads `folder` (to `path_in_repo`) in one commit; see `commit_to_hub` for the rest (`scope`: the
+    files the push owns and deletes when the upload no longer has them; None deletes nothing).
 
     Nothing local is modified.
     """
@@ -214,7 +251,7 @@ def upload_to_hub(
     operations = folder_operations(folder, path_in_repo, ignore_patterns)
     return commit_to_hub(
         operations, repo_id, what=f"Upload of {str(folder)!r}", private=private, revision=revision, token=token,
-        endpoint=endpoint, run_as_future=run_as_future, owner=owner,
+        endpoint=endpoint, run_as_future=run_as_future, owner=owner, scope=scope,
         commit_message=commit_message or f"Upload {Path(folder).name} with hf-mocose",
     )
 
@@ -230,10 +267,11 @@ def push_export(
     token: str | None = None,
     endpoint: str | None = None,
 ) -> str | list[tuple[str, int]]:
-    """Uploads a sentence-transformers export to the root of `repo_id`.
+    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the
+    root export files an earlier upload left that this export does not have (`hub_ownership`).
 
     Returns the commit URL, or with `dry_run` the `(path_in_repo, size)` list that would be
-    uploaded (nothing is sent, no token is needed).
+    uploaded (nothing is sent, no token is needed; what would be deleted is read at push time).
     """
     validate_repo_id(repo_id)
     export_dir = Path(export_dir)
@@ -249,5 +287,6 @@ def push_export(
     commit = upload_to_hub(
         export_dir, repo_id, private=private, revision=revision, token=token, endpoint=endpoint,
         commit_message=commit_message or "Upload sentence-transformers export (hf-mocose)",
+        scope=PushScope(export_root=True),
     )
     return commit.commit_url

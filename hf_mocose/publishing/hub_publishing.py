@@ -28,6 +28,7 @@ from .hub import (
     upload_to_hub,
     validate_repo_id,
 )
+from .hub_ownership import PushScope
 from .model_card import TRAINER_CARD_KEYWORDS, card_kwargs_from_trainer_keywords
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def push_training_checkpoint(trainer, checkpoint_folder: str | os.PathLike):
         checkpoint_folder, trainer.hub_model_id, path_in_repo=path_in_repo, revision=args.hub_revision,
         private=args.hub_private_repo, token=args.hub_token, ignore_patterns=ignore, run_as_future=True,
         commit_message=f"Training in progress, step {trainer.state.global_step}", owner=trainer,
+        scope=PushScope(folders=(path_in_repo,)),  # the folder holds this checkpoint only: no file of an older one
     )
     job.add_done_callback(_log_failed_push)
     return job
@@ -157,7 +159,7 @@ def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     return export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
-        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args,
+        repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args, trainer_state=trainer.state,
         global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
@@ -166,7 +168,8 @@ def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None
 def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
                        revision: str | None = None, token: str | None = None, private: bool | None = None,
                        blocking: bool = True):
-    """Uploads `final_dir` to `mocose/` and the export (with its card) to the repo root, in ONE commit.
+    """Uploads `final_dir` to `mocose/` and the export (with its card) to the repo root, in ONE commit, which
+    also deletes the files of `mocose/` and of the root export that the new ones do not contain (`hub_ownership`).
 
     `revision`, `token` and `private` default to `hub_revision`, `hub_token` and `hub_private_repo`.
     Returns the commit's `CommitInfo`, or with `blocking=False` its `Future` (queued after the
@@ -179,6 +182,7 @@ def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | 
         commit_message=commit_message or "Upload the sentence-transformers export and the MoCoSE model (hf-mocose)",
         revision=revision or args.hub_revision, token=token or args.hub_token,
         private=args.hub_private_repo if private is None else private, run_as_future=not blocking, owner=trainer,
+        scope=PushScope(export_root=True, folders=(MOCOSE_SUBFOLDER,)),
     )
 
 

@@ -2,10 +2,12 @@
 
 The template lives in the top-level `model_cards/` folder (`mocose.md.j2`); installed copies
 of the package carry it as package data under `hf_mocose/templates/`. What the card states about
-the run comes from `model_card_facts` (config.json, training_args.json, trainer_state.json, the
-evaluation JSON) or is passed in; nothing is guessed. What it shares with sentence-transformers' own
-cards (library, pipeline tag, base tags) is read from `SentenceTransformerModelCardData`. The card is
-rendered and re-parsed through `huggingface_hub.ModelCard`, so bad YAML metadata fails here, not on the Hub.
+the run comes from `model_card_facts` (config.json, training_args.json, training_data.json,
+trainer_state.json, the evaluation JSON) or is passed in; nothing is guessed. What it shares with
+sentence-transformers' own cards (architecture, dimension, max length, similarity function, usage output,
+training logs, versions, widget, library and tags) comes from `SentenceTransformerModelCardData` and the
+export loaded as a `SentenceTransformer` (`card_data`). The card is rendered and re-parsed through
+`huggingface_hub.ModelCard`, so bad YAML metadata fails here, not on the Hub.
 
 `render_model_card` also takes the keywords of `Trainer.push_to_hub` / `Trainer.create_model_card`
 (`model_name`, `finetuned_from`, `tasks`, `dataset_tags`, `dataset`, `dataset_args`, `tags` as a
@@ -21,9 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..models.sequence_length import sentence_transformers_max_seq_length
+from .card_data import build_card_data, training_data_tables
 from .model_card_facts import (
-    MODEL_FIELDS,
     STS_TASKS,
     TASK_NAMES,
     TRANSFER_TASKS,
@@ -71,6 +72,9 @@ CITATIONS = {
     note = "arXiv preprint",
 }""",
 }
+CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
+
+
 def find_template(template: str | os.PathLike | None = None) -> Path:
     """The card template: `template` if it is a file, else that name (default `mocose.md.j2`)
     in the repository's `model_cards/` folder (source checkouts) or the installed package data."""
@@ -89,9 +93,9 @@ def find_template(template: str | os.PathLike | None = None) -> Path:
 
 
 def library_versions() -> dict[str, str]:
-    """Versions of the libraries that wrote the export (the card says they are export-time versions)."""
+    """Versions of hf-mocose and huggingface_hub at export (sentence-transformers' card data has the rest)."""
     versions = {}
-    for name in ("hf-mocose", "sentence-transformers", "transformers", "torch", "huggingface_hub"):
+    for name in ("hf-mocose", "huggingface_hub"):
         try:
             versions[name] = importlib_metadata.version(name)
         except importlib_metadata.PackageNotFoundError:
@@ -102,58 +106,6 @@ def library_versions() -> dict[str, str]:
 def _is_hub_id(value: str | None) -> bool:
     """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
     return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
-
-
-# ----------------------------------------------------------------------------- card
-def build_card_data(details, results, *, model_name, base_model, datasets, language, license, tags):
-    """The YAML front matter as a `ModelCardData` (model-index built from `results`)."""
-    from huggingface_hub import EvalResult, ModelCardData
-
-    evals = []
-    for task, scores in results["sts"].items():
-        split = "validation" if task == "stsb_dev" else "test"
-        for metric in ("spearman", "pearson"):
-            if scores.get(metric) is not None:
-                evals.append(EvalResult(
-                    task_type="sentence-similarity", task_name="Semantic Textual Similarity",
-                    dataset_type=task, dataset_name=f"{TASK_NAMES[task]} (SentEval)", dataset_split=split,
-                    metric_type=metric, metric_name=f"{metric.capitalize()} (cosine, x100)",
-                    metric_value=round(float(scores[metric]), 2),
-                ))
-    if results["avg"] is not None:
-        evals.append(EvalResult(
-            task_type="sentence-similarity", task_name="Semantic Textual Similarity",
-            dataset_type="sts-avg" if results["avg_complete"] else "sts-partial-avg",
-            dataset_name=f"{results['avg_label']} (SentEval)", dataset_split="test",
-            metric_type="spearman", metric_name="Average Spearman (cosine, x100)",
-            metric_value=round(results["avg"], 2),
-        ))
-    for task, accuracy in results["transfer"].items():
-        evals.append(EvalResult(
-            task_type="text-classification", task_name="SentEval transfer", dataset_type=task,
-            dataset_name=f"{TASK_NAMES[task]} (SentEval)", metric_type="accuracy", metric_value=round(accuracy, 2),
-        ))
-    shared = sentence_transformers_card_identity()
-    tags = _unique([*shared["tags"], "mocose", details["method"], *(["una"] if details["una_used"] else []),
-                    *as_list(tags)])
-    return ModelCardData(
-        library_name=shared["library_name"], pipeline_tag=shared["pipeline_tag"], tags=tags,
-        base_model=base_model if _is_hub_id(base_model) else None, datasets=list(datasets) or None,
-        language=language, license=license, model_name=model_name, eval_results=evals or None,
-    )
-
-
-def sentence_transformers_card_identity() -> dict[str, Any]:
-    """`library_name`, `pipeline_tag` and the base `tags` of sentence-transformers' own cards.
-
-    Read from `SentenceTransformerModelCardData`'s defaults, so an export is listed on the Hub exactly
-    as a model saved by sentence-transformers is (its loader and widget key on these). The rest of that
-    class needs a live `SentenceTransformer` and the Hub (see docs/design.md).
-    """
-    from sentence_transformers import SentenceTransformerModelCardData
-
-    defaults = SentenceTransformerModelCardData(local_files_only=True, generate_widget_examples=False)
-    return {"library_name": defaults.library_name, "pipeline_tag": defaults.pipeline_tag, "tags": list(defaults.tags)}
 
 
 def as_list(value) -> list:
@@ -221,35 +173,40 @@ def render_model_card(
     global_batch_size: int | None = None,
     train_runtime: float | None = None,
     hardware: str | None = None,
+    trainer_state: Any | None = None,
 ):
     """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
 
     `model_name` is the card's title and model-index name (default: the repo's or folder's name);
     `tags` and `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the
-    corpus. `training_args` is the live arguments object (else the checkpoint's training_args.json).
+    corpus. `training_args` is the live arguments object (else the checkpoint's training_args.json),
+    `trainer_state` the live `TrainerState` (else the run's trainer_state.json: the logs table, steps).
     """
     from huggingface_hub import ModelCard
+    from sentence_transformers import SentenceTransformer
 
     export_dir = Path(export_dir)
-    details = collect_training_details(checkpoint, training_args, global_batch_size, train_runtime, hardware)
+    details = collect_training_details(checkpoint, training_args, global_batch_size, train_runtime, hardware,
+                                       trainer_state)
     results = read_eval_results(eval_results)
     base_model = base_model or details["base_model"]
+    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
     model_id = repo_id or f"path/to/{export_name or export_dir.name}"
-    modules = _read_json(export_dir / "modules.json") or []
-    st_config = _read_json(export_dir / "sentence_bert_config.json") or {}
-    encoder_config = _read_json(export_dir / "config.json") or {}
-    pooling = next((m for m in details["model_rows"] if m[0].startswith("sentence pooling")), (None, "cls"))[1]
-    citations = [CITATIONS[details["method"]]] if details["method"] in CITATIONS else []
-    if details["method"] != "mocose":
-        citations.insert(0, CITATIONS["mocose"])
-    if details["una_used"]:
-        citations.append(CITATIONS["una"])
-    base_for_paper = base_model if _is_hub_id(base_model) else None
+    method = details["method"]
+    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []),
+             *(["una"] if details["una_used"] else [])]
     title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
+    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
+    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
     card_data = build_card_data(
-        details, results, model_name=title, base_model=base_model, datasets=datasets, language=language,
-        license=license, tags=[*as_list(tags), *as_list(tasks)],
+        st_model, details, results, model_id=model_id, is_repo=bool(repo_id), model_name=title,
+        base_model=base_for_card, datasets=datasets, language=language, license=license,
+        tags=_unique(["mocose", method, *(["una"] if details["una_used"] else []), *as_list(tags), *as_list(tasks)]),
+        citations={CITATION_NAMES[name]: CITATIONS[name] for name in cited},
     )
+    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
+    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
+    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
     template_path = find_template(template)
     card = ModelCard.from_template(
         card_data,
@@ -257,24 +214,23 @@ def render_model_card(
         title=title,
         model_id=model_id,
         is_repo=bool(repo_id),
-        base_model=base_for_paper,  # a local folder name would mean nothing to readers
-        method_name={"mocose": "MoCoSE", "simcse": "SimCSE"}.get(details["method"], details["method"]),
-        sentence_pooling=pooling,
-        max_seq_length=sentence_transformers_max_seq_length(export_dir),  # what the export truncates at
-        training_max_seq_length=next((v for k, v in details["model_rows"] if k == MODEL_FIELDS["max_seq_length"]), None),
-        embedding_dim=encoder_config.get("hidden_size") or encoder_config.get("dim"),
-        has_dense=any(m.get("path") == "2_Dense" or m.get("type", "").endswith(".Dense") for m in modules),
-        encoder_kwargs=st_config.get("model_kwargs") or {},
-        modules=[m.get("type", "").rsplit(".", 1)[-1] for m in modules],
+        method_name={"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL"}.get(method, method),
+        sentence_pooling=details["sentence_pooling"],
+        max_seq_length=st_model.max_seq_length,  # what the export truncates at
+        training_max_seq_length=details["training_max_seq_length"],
+        has_dense=any(type(module).__name__ == "Dense" for module in st_model),
+        encoder_kwargs=encoder_kwargs,
+        modules=[type(module).__name__ for module in st_model],
         details=details,
         results=results,
         sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS],
         transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_paper or ""),
+        paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
         corpus=corpus or (", ".join(datasets) if datasets else None),
         dataset_args=as_list(dataset_args),
-        versions=library_versions(),
-        citations=citations,
+        training_data=details["training_data"],
+        training_data_tables=training_data_tables(details["training_data"]),
+        extra_versions=library_versions(),
     )
     # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
     parsed = ModelCard(str(card))

@@ -2,10 +2,11 @@
 
 Sources: the checkpoint's `config.json` (model fields), `training_args.json` (the training arguments
 the card shows, written as JSON by `MoCoSETrainer` whenever it saves a model or checkpoint:
-`save_card_training_args`), `trainer_state.json` (steps, wall time) and the `hf-mocose evaluate` or
-trainer metrics JSON. Nothing is unpickled: a checkpoint from the Hub is data, and `training_args.bin`
-(the Trainer's pickle) would run code from the file when loaded. Checkpoints written before the JSON
-existed get a card without the training arguments, which says so.
+`card_hyperparameters.save_card_training_args`), `training_data.json` (the training data, described at
+the start of training: `training_data_facts`), `trainer_state.json` (steps, wall time, the logs table,
+the best step) and the `hf-mocose evaluate` or trainer metrics JSON. Nothing is unpickled: a checkpoint
+from the Hub is data, and `training_args.bin` (the Trainer's pickle) would run code from the file when
+loaded. Checkpoints written before the JSON existed get a card without the training arguments, which says so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-TRAINING_ARGS_JSON = "training_args.json"
+from .card_hyperparameters import TRAINING_ARGS_JSON, as_record, model_rows, save_card_training_args, training_rows
+from .training_data_facts import TRAINING_DATA_JSON, load_training_data
+
+__all__ = ["STS_TASKS", "TASK_NAMES", "TRAINING_ARGS_JSON", "TRANSFER_TASKS", "collect_training_details",
+           "load_card_training_args", "read_eval_results", "save_card_training_args", "training_log_rows"]
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -25,70 +30,7 @@ TASK_NAMES = {
     "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev",
     "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC",
 }
-
-# Training-argument fields shown in the card, with their labels (model fields come from config.json).
-TRAINING_FIELDS = {
-    "ema_decay_start": "EMA decay η at the first step",
-    "ema_decay_end": "EMA decay η at the end of the cosine ramp",
-    "ema_decay_horizon": "EMA ramp length (optimizer steps)",
-    "fgsm_mode": "FGSM mode",
-    "fgsm_epsilon": "FGSM epsilon",
-    "fgsm_views": "FGSM perturbed branches",
-    "per_device_train_batch_size": "batch size per device",
-    "gradient_accumulation_steps": "gradient accumulation steps",
-    "learning_rate": "learning rate",
-    "weight_decay": "weight decay",
-    "num_train_epochs": "epochs",
-    "lr_scheduler_type": "LR schedule",
-    "warmup_steps": "warm-up steps",
-    "seed": "seed",
-    # method-family switches, shown when the run set them
-    "queue_slice": "negatives: queue ages (0 = newest)",
-    "target_mtd": "target maximum traceable distance",
-    "token_shuffle": "token shuffle",
-    "token_cutoff": "token cutoff rate",
-    "feature_cutoff": "feature cutoff rate",
-    "augmentation_views": "views the embedding augmentations reach",
-    "hard_negatives": "hard negatives",
-    "una_frequency": "UNA negatives every f steps",
-    "una_usage": "UNA sentences used as",
-}
-# Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
-OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "token_shuffle", "token_cutoff",
-                            "feature_cutoff", "hard_negatives")
-MODEL_FIELDS = {
-    "method": "method",
-    "sentence_pooling": "sentence pooling (exported)",
-    "max_seq_length": "training sequence length (tokens)",
-    "contrastive_temperature": "temperature τ",
-    "queue_size": "queue size K",
-    "queue_init_size": "initial queue size K_s (random keys)",
-    "in_batch_negatives": "in-batch negatives",
-    "projection_layers": "projection layers",
-    "predictor_layers": "predictor layers",
-    "predictor_dim": "predictor width",
-    "projection_dim": "projection (key and queue) width",
-    "head_init": "head initialisation",
-    "head_dropout": "head dropout",
-    "encoder_dropout": "encoder dropout",
-    "target_dropout": "target branch dropout",
-    "shared_embeddings": "embeddings shared with the target",
-}
-
-
-def save_card_training_args(args, folder: str | os.PathLike) -> Path:
-    """Writes the training arguments the card shows (`TRAINING_FIELDS`, plus `world_size`) to `folder`.
-
-    Called by `MoCoSETrainer` wherever the Trainer saves a model or checkpoint, next to its
-    `training_args.bin`, so `hf-mocose export` of any checkpoint reads them without unpickling. The
-    number of processes is recorded, so the card's global batch size is exact, not assumed.
-    """
-    values = args.to_dict()  # enums as their values, secrets masked
-    record = {name: values[name] for name in TRAINING_FIELDS if name in values}
-    record["world_size"] = getattr(args, "world_size", 1)
-    path = Path(folder) / TRAINING_ARGS_JSON
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+TRAINING_LOSS, STSB_DEV = "Training Loss", "STS-B dev Spearman"
 
 
 def load_card_training_args(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
@@ -98,6 +40,30 @@ def load_card_training_args(checkpoint: str | os.PathLike) -> dict[str, Any] | N
     """
     path = _find_in_run(Path(checkpoint), TRAINING_ARGS_JSON)
     return _read_json(path) if path is not None else None
+
+
+def training_log_rows(state: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """`(rows, best step)` for the card's training-logs table, from a `trainer_state.json` (or `TrainerState`).
+
+    One row per logged step: `Epoch`, `Step`, `Training Loss` and `STS-B dev Spearman` (x100), as
+    logged (4 decimals), merged when a step has both. The best step is `best_global_step` (else the step of
+    `best_model_checkpoint`), set when `metric_for_best_model` picked a best checkpoint.
+    """
+    rows: list[dict[str, Any]] = []
+    for entry in state.get("log_history") or []:
+        values = {TRAINING_LOSS: entry.get("loss"), STSB_DEV: entry.get("eval_stsb_spearman")}
+        values = {key: round(float(value), 4) for key, value in values.items() if isinstance(value, (int, float))}
+        if not values or entry.get("step") is None:
+            continue
+        if rows and rows[-1]["Step"] == entry["step"]:
+            rows[-1].update(values)
+        else:
+            rows.append({"Epoch": round(float(entry.get("epoch") or 0), 4), "Step": entry["step"], **values})
+    best = state.get("best_global_step")
+    checkpoint = state.get("best_model_checkpoint")
+    if best is None and checkpoint and str(checkpoint).rstrip("/").rsplit("-", 1)[-1].isdigit():
+        best = int(str(checkpoint).rstrip("/").rsplit("-", 1)[-1])
+    return rows, best
 
 
 def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
@@ -183,51 +149,48 @@ def collect_training_details(
     global_batch_size: int | None = None,
     train_runtime: float | None = None,
     hardware: str | None = None,
+    trainer_state: Any | None = None,
 ) -> dict[str, Any]:
     """Everything the card says about training, from the checkpoint and its run folder.
 
     `training_args` is the live arguments object (or any object with those attributes), or the dict
     `load_card_training_args` reads; without it, the checkpoint's `training_args.json` is read.
+    `trainer_state` is the live `TrainerState` (else `trainer_state.json` of the run); the training data
+    description is `training_data.json` of the run.
     """
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     config = _read_json(checkpoint / "config.json") if checkpoint else None
     config = config or {}
     if training_args is None and checkpoint is not None:
         training_args = load_card_training_args(checkpoint)
-    recorded = _as_record(training_args)
+    recorded = as_record(training_args)
     # A run saved before training_args.json existed: its pickle is never read, and the card says so.
     pickle_only = not recorded and checkpoint is not None and _find_in_run(checkpoint, "training_args.bin") is not None
-    state = _read_json(_find_in_run(checkpoint, "trainer_state.json") or Path("-")) if checkpoint else None
-    state = state or {}
-    model_rows = [(label, config[name]) for name, label in MODEL_FIELDS.items() if name in config]
-    train = {name: recorded[name] for name in TRAINING_FIELDS if name in recorded}
-    train = {k: v for k, v in train.items() if k not in OPTIONAL_TRAINING_FIELDS or v not in (None, False, 0, 0.0)}
-    if train.get("hard_negatives") is None:
-        train.pop("una_frequency", None)
-        train.pop("una_usage", None)
-    if not any(train.get(name) for name in ("token_shuffle", "token_cutoff", "feature_cutoff")):
-        train.pop("augmentation_views", None)
-    train_rows = [(TRAINING_FIELDS[name], value) for name, value in train.items()]
+    if trainer_state is not None and not isinstance(trainer_state, dict):
+        trainer_state = vars(trainer_state)
+    state = trainer_state or (_read_json(_find_in_run(checkpoint, "trainer_state.json") or Path("-")) if checkpoint
+                              else None) or {}
     world_size = recorded.get("world_size")
     batch_assumed = global_batch_size is None and world_size is None
-    if global_batch_size is None and "per_device_train_batch_size" in train:
+    if global_batch_size is None and "per_device_train_batch_size" in recorded:
         # B = per device x accumulation x processes; a record without world_size is assumed to be one process.
-        global_batch_size = (train["per_device_train_batch_size"] * train.get("gradient_accumulation_steps", 1)
-                             * (world_size or 1))
+        accumulation = recorded.get("gradient_accumulation_steps") or 1
+        global_batch_size = recorded["per_device_train_batch_size"] * accumulation * (world_size or 1)
     d_trace = None
-    if config.get("method", "mocose") == "mocose" and "ema_decay_end" in train and global_batch_size:
+    if config.get("method", "mocose") == "mocose" and "ema_decay_end" in recorded and global_batch_size:
         from ..methods.mtd import max_traceable_distance
 
-        d_trace = max_traceable_distance(train["ema_decay_end"], config.get("queue_size", 512), global_batch_size)
+        d_trace = max_traceable_distance(recorded["ema_decay_end"], config.get("queue_size", 512), global_batch_size)
     for entry in reversed(state.get("log_history", [])):
         if train_runtime is None and "train_runtime" in entry:
             train_runtime = entry["train_runtime"]
-    # Only explicit switches count: tuning fields such as una_alpha have non-zero defaults.
-    una_used = recorded.get("hard_negatives") == "una"
+    log_rows, best_step = training_log_rows(state)
+    arguments = recorded.get("arguments") or {}
     return {
         "method": config.get("method", "mocose"),
-        "model_rows": model_rows,
-        "train_rows": train_rows,
+        "model_rows": model_rows(config),
+        "train_rows": training_rows(recorded),
+        "all_arguments": {name: arguments[name] for name in sorted(arguments)},
         "global_batch_size": global_batch_size,
         "batch_assumed": batch_assumed,
         "d_trace": None if d_trace is None else ("∞ (η_end = 1)" if math.isinf(d_trace) else f"{d_trace:.2f}"),
@@ -236,23 +199,20 @@ def collect_training_details(
         "train_runtime": _format_duration(train_runtime),
         "hardware": hardware,
         "trained_with_transformers": config.get("transformers_version"),
-        "una_used": una_used,
+        # Only explicit switches count: tuning fields such as una_alpha have non-zero defaults.
+        "una_used": recorded.get("hard_negatives") == "una",
         "pickle_only": pickle_only,
         # Checkpoints before base_model_name_or_path existed: the encoder's own record.
-        "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
+        "base_model": (config.get("base_model_name_or_path")
+                       or (config.get("encoder_config") or {}).get("_name_or_path")),
+        "training_max_seq_length": config.get("max_seq_length"),
+        "sentence_pooling": config.get("sentence_pooling", "cls"),
+        "queue_size": config.get("queue_size"),
+        "log_rows": log_rows,
+        "best_step": best_step,
+        "best_exported": bool(recorded.get("load_best_model_at_end")),
+        "training_data": load_training_data(_find_in_run(checkpoint, TRAINING_DATA_JSON)) if checkpoint else None,
     }
-
-
-def _as_record(training_args: Any | None) -> dict[str, Any]:
-    """The card's fields (and `world_size`) of a live arguments object or of a JSON record, enums as values."""
-    if training_args is None:
-        return {}
-    names = (*TRAINING_FIELDS, "world_size")
-    if isinstance(training_args, dict):
-        record = {name: training_args[name] for name in names if name in training_args}
-    else:
-        record = {name: getattr(training_args, name) for name in names if hasattr(training_args, name)}
-    return {name: getattr(value, "value", value) for name, value in record.items()}  # enums -> "linear"
 
 
 def _format_duration(seconds: float | None) -> str | None:
@@ -261,5 +221,3 @@ def _format_duration(seconds: float | None) -> str | None:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
-
-

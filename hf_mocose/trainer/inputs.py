@@ -10,7 +10,8 @@ tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same
   - `check_train_dataset` (before the model is loaded): a dataset with no rows, or no non-empty sentence,
     and any shape but a `text` column or tokenised rows are refused, naming what it has and what it needs;
   - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
-    a tokenised dataset passes.
+    a tokenised dataset passes;
+  - `prepare_trainer_inputs`: all of these, and the training data described for the model card first.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from ..data.corpus import drop_blank_sentences, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
+from ..publishing.training_data_facts import describe_training_data
 from ..training.launch import quiet_library_notices, refuse_one_process_of_several
 from .model_source import check_model_source
 
@@ -199,7 +201,9 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
 
 
 def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
-    """`(MoCoSEModel, tokenizer, train_dataset)` from what `MoCoSETrainer.__init__` was given (see the module)."""
+    """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
+    was given (see the module). The description (`publishing.training_data_facts`: size, token lengths,
+    samples) is taken before tokenising, while the raw text is there, for the model card."""
     from .training_args import MoCoSETrainingArguments
 
     if not isinstance(args, MoCoSETrainingArguments):
@@ -213,8 +217,10 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
     align_special_tokens_quietly(mocose_model, processing_class)
-    train_dataset = prepare_train_dataset(train_dataset, processing_class, mocose_model.config.max_seq_length, args)
-    return mocose_model, processing_class, train_dataset
+    max_seq_length = mocose_model.config.max_seq_length
+    described = describe_training_data(train_dataset, processing_class, max_seq_length)
+    train_dataset = prepare_train_dataset(train_dataset, processing_class, max_seq_length, args)
+    return mocose_model, processing_class, train_dataset, described
 
 
 def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:

@@ -10,8 +10,8 @@ trainers take them). This class overrides only:
     scores STS-B dev (`eval_stsb_spearman` x100, `compute_metrics`, the Trainer's speed metrics) so
     `load_best_model_at_end` works; `predict` gives pair similarities or sentence embeddings;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json`
-    (what the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json` and
+    `training_data.json` (what the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
     saves (`hf_mocose.training.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
   - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
     the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
@@ -42,7 +42,7 @@ from ..models.ema import ema_decay_at, ema_decay_range
 from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from ..models.modeling import MoCoSEModel, MoCoSEOutput
 from ..publishing.hub_publishing import HubPublishingMixin
-from ..publishing.model_card_facts import save_card_training_args
+from ..publishing.training_data_facts import save_card_records
 from ..training.callbacks import EMATargetCallback
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
@@ -105,8 +105,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
                  train_dataset: Dataset | None = None, eval_dataset: Dataset | None = None, processing_class=None,
                  data_collator=None, **kwargs):
-        model, processing_class, train_dataset = prepare_trainer_inputs(model, args, train_dataset, processing_class,
-                                                                        eval_dataset)
+        model, processing_class, train_dataset, self.training_data = prepare_trainer_inputs(
+            model, args, train_dataset, processing_class, eval_dataset)  # training_data: for the card (_save)
         config = model.config
         una = self._build_una(args, train_dataset) if args.hard_negatives == "una" else None
         fraternal = train_dataset is not None and "fraternal_input_ids" in train_dataset.column_names
@@ -371,13 +371,15 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return super().train(resume, *args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """`Trainer._save` (model, tokenizer, training_args.bin), plus `training_args.json` for the model card.
+        """`Trainer._save` (model, tokenizer, training_args.bin), plus what the model card reads: `training_args.json`
+        and `training_data.json` (the training set, described at start: a card may be written later, offline).
 
-        Every saved model and checkpoint gets the JSON, so a card never has to unpickle the `.bin`.
+        Every saved model and checkpoint gets them, so a card never has to unpickle the `.bin`.
         """
         super()._save(output_dir, state_dict)
         if self.args.should_save:
-            save_card_training_args(self.args, output_dir if output_dir is not None else self.args.output_dir)
+            folder = output_dir if output_dir is not None else self.args.output_dir
+            save_card_records(folder, self.args, self.training_data)
 
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""

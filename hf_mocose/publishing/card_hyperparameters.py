@@ -1,0 +1,188 @@
+"""The hyper-parameters a model card shows: which, under what label, and what an unset (None) value meant.
+
+The training arguments come from `training_args.json`, written by `MoCoSETrainer` with every saved model
+and checkpoint (`save_card_training_args`; the Trainer's pickled `training_args.bin` is never read), the
+model's from the checkpoint's `config.json`. Every row carries the value the run used: an argument left
+at None is shown as what None stood for (the heads' learning rate = the encoder's; the predictor width =
+the key width, in numbers), never as "None"; optional switches left off are not listed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TRAINING_ARGS_JSON = "training_args.json"
+
+# Training-argument fields shown in the card, with their labels (model fields come from config.json).
+TRAINING_FIELDS = {
+    "ema_decay_start": "EMA decay η at the first step",
+    "ema_decay_end": "EMA decay η at the end of the cosine ramp",
+    "ema_decay_horizon": "EMA ramp length (optimizer steps)",
+    "fgsm_mode": "FGSM mode",
+    "fgsm_epsilon": "FGSM epsilon",
+    "fgsm_epsilon_unit": "FGSM epsilon unit",
+    "fgsm_views": "FGSM perturbed branches",
+    "per_device_train_batch_size": "batch size per device",
+    "gradient_accumulation_steps": "gradient accumulation steps",
+    "world_size": "processes",
+    "learning_rate": "learning rate (encoder)",
+    "head_learning_rate": "learning rate of the heads (pooler, projection, predictor)",
+    "optim": "optimizer",
+    "adam_beta1": "Adam β1",
+    "adam_beta2": "Adam β2",
+    "adam_epsilon": "Adam ε",
+    "weight_decay": "weight decay",
+    "max_grad_norm": "gradient clipping (max norm)",
+    "bf16": "mixed precision",  # one row for bf16/fp16, see `_mixed_precision`
+    "num_train_epochs": "epochs",
+    "max_steps": "max optimizer steps",
+    "lr_scheduler_type": "LR schedule",
+    "warmup_steps": "warm-up steps",
+    "seed": "seed",
+    "load_best_model_at_end": "checkpoint exported",
+    # method-family switches, shown when the run set them
+    "queue_slice": "negatives: queue ages (0 = newest)",
+    "target_mtd": "target maximum traceable distance",
+    "token_shuffle": "token shuffle",
+    "token_cutoff": "token cutoff rate",
+    "feature_cutoff": "feature cutoff rate",
+    "augmentation_views": "views the embedding augmentations reach",
+    "hard_negatives": "hard negatives",
+    "una_frequency": "UNA negatives every f steps",
+    "una_usage": "UNA sentences used as",
+}
+# Recorded beside TRAINING_FIELDS because a row is read from them.
+RECORDED_EXTRA = ("fp16", "metric_for_best_model")
+# Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
+OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "token_shuffle", "token_cutoff",
+                            "feature_cutoff", "hard_negatives")
+# Arguments that say where and how a run logged, not how it trained (as sentence-transformers leaves them out
+# of its card's hyper-parameters), and secrets.
+NOT_HYPERPARAMETERS = {
+    "output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",
+    "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit", "report_to", "do_train", "do_eval",
+    "do_predict", "run_name", "hub_model_id", "hub_token", "push_to_hub", "resume_from_checkpoint", "disable_tqdm",
+    "trackio_space_id", "project",
+}
+MODEL_FIELDS = {
+    "method": "method",
+    "sentence_pooling": "sentence pooling (exported)",
+    "max_seq_length": "training sequence length (tokens)",
+    "contrastive_temperature": "temperature τ",
+    "queue_size": "queue size K",
+    "queue_init_size": "initial queue size K_s (random keys)",
+    "in_batch_negatives": "in-batch negatives",
+    "projection_layers": "projection layers",
+    "predictor_layers": "predictor layers",
+    "predictor_dim": "predictor width",
+    "projection_dim": "projection (key and queue) width",
+    "head_init": "head initialisation",
+    "head_dropout": "head dropout",
+    "encoder_dropout": "encoder dropout",
+    "target_dropout": "target branch dropout",
+    "shared_embeddings": "embeddings shared with the target",
+}
+
+
+def save_card_training_args(args, folder: str | os.PathLike) -> Path:
+    """Writes the training arguments the card shows to `folder`/training_args.json.
+
+    The fields of `TRAINING_FIELDS` (plus `world_size`, so the card's global batch size is exact, not
+    assumed) at the top level, and under `"arguments"` every argument of the run but where it logged and
+    its secrets (`NOT_HYPERPARAMETERS`; `to_dict` masks `*_token` fields), which the card lists in full.
+    Called by `MoCoSETrainer` wherever the Trainer saves a model or checkpoint, next to its
+    `training_args.bin`, so `hf-mocose export` of any checkpoint reads them without unpickling.
+    """
+    values = args.to_dict()  # enums as their values, secrets masked
+    record = {name: values[name] for name in (*TRAINING_FIELDS, *RECORDED_EXTRA) if name in values}
+    record["world_size"] = getattr(args, "world_size", 1)
+    record["arguments"] = {name: value for name, value in values.items()
+                           if name not in NOT_HYPERPARAMETERS and not name.endswith("_token")}
+    path = Path(folder) / TRAINING_ARGS_JSON
+    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def as_record(training_args: Any | None) -> dict[str, Any]:
+    """The card's fields of a live arguments object or of a JSON record (`world_size` too), enums as values."""
+    if training_args is None:
+        return {}
+    names = (*TRAINING_FIELDS, *RECORDED_EXTRA, "arguments")
+    if isinstance(training_args, dict):
+        record = {name: training_args[name] for name in names if name in training_args}
+    else:
+        record = {name: getattr(training_args, name) for name in names if hasattr(training_args, name)}
+        if hasattr(training_args, "to_dict"):
+            record["arguments"] = {k: v for k, v in training_args.to_dict().items()
+                                   if k not in NOT_HYPERPARAMETERS and not k.endswith("_token")}
+    return {name: getattr(value, "value", value) for name, value in record.items()}  # enums -> "linear"
+
+
+def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`(label, value)` rows of the training arguments the run recorded, unset values spelled out."""
+    train = {name: recorded[name] for name in TRAINING_FIELDS if name in recorded}
+    train = {k: v for k, v in train.items() if k not in OPTIONAL_TRAINING_FIELDS or v not in (None, False, 0, 0.0)}
+    if train.get("hard_negatives") is None:
+        train.pop("una_frequency", None)
+        train.pop("una_usage", None)
+    if not any(train.get(name) for name in ("token_shuffle", "token_cutoff", "feature_cutoff")):
+        train.pop("augmentation_views", None)
+    if "fgsm_mode" in train and train["fgsm_mode"] == "off":
+        for name in ("fgsm_epsilon", "fgsm_epsilon_unit", "fgsm_views"):
+            train.pop(name, None)
+    if "bf16" in train:
+        train["bf16"] = _mixed_precision(recorded)
+    if "head_learning_rate" in train and train["head_learning_rate"] is None:
+        encoder_rate = recorded.get("learning_rate", "the encoder's")
+        train["head_learning_rate"] = f"{encoder_rate} (the encoder's rate, as in the paper)"
+    if train.get("fgsm_epsilon_unit") == "absolute":
+        train["fgsm_epsilon_unit"] = "absolute (added to the word embeddings as it is)"
+    elif train.get("fgsm_epsilon_unit") == "embedding_rms":
+        train["fgsm_epsilon_unit"] = "embedding_rms (a fraction of the batch's root-mean-square word-embedding entry)"
+    if "max_steps" in train and (train["max_steps"] is None or train["max_steps"] <= 0):
+        train.pop("max_steps")  # the epochs decide
+    if "load_best_model_at_end" in train:
+        metric = recorded.get("metric_for_best_model")
+        best = train["load_best_model_at_end"]
+        train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)" if best
+                                           else "the last step's")
+    return [(TRAINING_FIELDS[name], _spelled_out(value)) for name, value in train.items()]
+
+
+def _mixed_precision(recorded: dict[str, Any]) -> str:
+    if recorded.get("bf16"):
+        return "bf16 (autocast; fp32 master weights)"
+    if recorded.get("fp16"):
+        return "fp16 (autocast with loss scaling; fp32 master weights)"
+    return "no (fp32)"
+
+
+def model_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`(label, value)` rows of the checkpoint config's model fields; widths left at None give the width used."""
+    encoder = config.get("encoder_config") or {}
+    hidden = encoder.get("hidden_size") or encoder.get("dim")
+    key_width = config.get("projection_dim") or hidden
+    rows = []
+    for name, label in MODEL_FIELDS.items():
+        if name not in config:
+            continue
+        value = config[name]
+        if name == "projection_dim" and value is None:
+            value = f"{hidden} (the encoder's hidden size)" if hidden else "the encoder's hidden size"
+        elif name == "predictor_dim" and config.get("predictor_layers", 2) < 2:
+            value = "– (no hidden block: " + ("no predictor)" if config.get("predictor_layers") == 0 else "one layer)")
+        elif name == "predictor_dim" and value is None:
+            value = f"{key_width} (the key width)" if key_width else "the key width"
+        elif name == "encoder_dropout" and value is None:
+            own = encoder.get("hidden_dropout_prob", encoder.get("dropout"))
+            value = f"{own} (the encoder's own)" if own is not None else "the encoder's own"
+        rows.append((label, _spelled_out(value)))
+    return rows
+
+
+def _spelled_out(value: Any) -> Any:
+    """A value as a card cell: None (a field whose meaning has no better words here) is "not set"."""
+    return "not set" if value is None else value

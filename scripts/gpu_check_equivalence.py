@@ -1,0 +1,179 @@
+"""scripts/gpu_check.py's equivalence checks: the same MoCoSE run sharded by FSDP2 (c) and compiled (d) against
+the plain eager run.
+
+All three runs are `MoCoSETrainer` (method "mocose", fgsm_mode "previous") on the same sentences, built by
+`train_variants.build_trainer` with the same seed, in fp32 without dropout (encoder and heads), optimizer SGD,
+so that they are deterministic and an update is proportional to its gradient. Each records the loss of every
+step (the value `compute_loss` returned, unrounded) and the whole model state before and after training
+(online and target weights, heads, queue; FSDP2's `DTensor`s gathered). fp32 matrix products are full fp32 in
+every run (TF32 off: accelerate switches it on for compiled fp32 runs on CUDA).
+
+(c) runs in a child process with torch.distributed initialised for one process (RANK=0, WORLD_SIZE=1) and the
+Trainer's FSDP2 settings (`fsdp_config={"version": 2, ...}`: accelerate's `fully_shard`, one unit per
+`BertLayer`); on the CPU the child first applies tests/fsdp_worker.py's shim (accelerate attaches its FSDP plugin
+only on accelerator devices). (d) is `torch_compile=True` (inductor on CUDA; on the CPU `aot_eager`, dynamo and
+AOTAutograd without inductor's code generation, which takes minutes on 2 cores) in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+DETERMINISTIC = dict(encoder_dropout=0.0, head_dropout=0.0, optim="sgd")
+FSDP2 = dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["BertLayer"]})
+LOSS_RTOL = 1e-4  # per step, relative
+STATE_RTOL = 1e-3  # norm(state - reference state) / norm(reference state - initial state): the updates agree to 0.1 %
+
+
+def full_state(model) -> dict:
+    """Every floating tensor of the model's state, whole (`DTensor`s gathered), copied to the CPU."""
+    from hf_mocose.models.ema import is_sharded
+
+    return {name: (t.full_tensor() if is_sharded(t) else t).detach().cpu().clone()
+            for name, t in model.state_dict().items() if t.is_floating_point()}
+
+
+def fp32_matmuls(ctx) -> dict:
+    """Full fp32 matrix products on CUDA, whatever an earlier set-up chose; returns the flags now in force."""
+    if ctx.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return {"cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+    return {}
+
+
+def recorded_run(ctx, name: str, **overrides) -> dict:
+    """Trains the equivalence run with `overrides`; returns losses, state before/after and how it ran."""
+    from accelerate.utils import is_compiled_module
+
+    from hf_mocose.models.ema import is_sharded
+
+    sizes = ctx.sizes
+    cfg = ctx.cfg(sizes.equivalence_batch, sizes.equivalence_steps)
+    sentences, _ = ctx.sentences(cfg.steps * cfg.batch_size)
+    trainer, _ = ctx.trainer("mocose_previous", cfg, sentences, name, learning_rate=sizes.equivalence_lr,
+                             **DETERMINISTIC, **overrides)
+    initial = full_state(trainer.model)
+    losses: list[float] = []
+    compute_loss = trainer.compute_loss
+
+    def recorded_compute_loss(model, inputs, *args, **kwargs):
+        result = compute_loss(model, inputs, *args, **kwargs)
+        if model.training:
+            losses.append((result[0] if isinstance(result, tuple) else result).detach().float().item())
+        return result
+
+    trainer.compute_loss = recorded_compute_loss  # instance attribute: the class is untouched
+    flags = fp32_matmuls(ctx)
+    trainer.train()
+    params = list(trainer.model.parameters())
+    how = {"fsdp": bool(trainer.is_fsdp_enabled), "compiled": is_compiled_module(trainer.model_wrapped),
+           "sharded_parameters": sum(is_sharded(p) for p in params), "parameters": len(params),
+           "world_size": trainer.args.world_size, **flags}
+    result = {"losses": losses, "initial": initial, "final": full_state(trainer.model), "how": how}
+    del trainer
+    ctx.free_memory()
+    return result
+
+
+def compare(reference: dict, other: dict, what: str, extra_ok: bool, **detail) -> dict:
+    """The check record of `other` against `reference` (see LOSS_RTOL, STATE_RTOL)."""
+    from gpu_check_setup import check_result
+
+    ref, new, start = reference["final"], other["final"], reference["initial"]
+    same_keys = sorted(ref) == sorted(new)
+    keys = [k for k in ref if k in new]
+    gap = sum(((new[k].double() - ref[k].double()) ** 2).sum().item() for k in keys) ** 0.5
+    moved = sum(((ref[k].double() - start[k].double()) ** 2).sum().item() for k in keys) ** 0.5
+    state_error = gap / moved if moved > 0 else float("inf")
+    largest = {k: (new[k].double() - ref[k].double()).abs().max().item() for k in keys}
+    worst = max(largest, key=largest.get)
+    pairs = list(zip(reference["losses"], other["losses"]))
+    loss_error = max((abs(a - b) / max(abs(a), 1e-12) for a, b in pairs), default=float("inf"))
+    passed = (extra_ok and same_keys and len(pairs) == len(reference["losses"]) == len(other["losses"]) > 0
+              and loss_error <= LOSS_RTOL and state_error <= STATE_RTOL)
+    return check_result(
+        passed, state_error, STATE_RTOL,
+        f"norm(state after - eager state after) / norm(eager update) over every tensor (weights, EMA target, "
+        f"queue), {what}",
+        loss_relative_error=loss_error, loss_tolerance=LOSS_RTOL, losses=[b for _, b in pairs],
+        eager_losses=reference["losses"], same_state_keys=same_keys, update_norm=moved,
+        largest_difference={"tensor": worst, "max_abs": largest[worst]},
+        run=other["how"], eager_run=reference["how"], **detail)
+
+
+def check_compile(ctx, reference: dict) -> dict:
+    """Check (d): `torch_compile=True` trains and matches the eager run."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # fresh caches: no earlier run's graphs, no recompilation limit reached
+    graphs = counters["stats"]["unique_graphs"]
+    backend = "inductor" if ctx.cuda else "aot_eager"
+    start = time.monotonic()
+    compiled = recorded_run(ctx, "compiled", torch_compile=True, torch_compile_backend=backend)
+    captured = counters["stats"]["unique_graphs"] - graphs
+    return {"torch_compile": compare(
+        reference, compiled, f"torch_compile=True (backend {backend}) against eager", compiled["how"]["compiled"]
+        and captured > 0, backend=backend, graphs_captured=captured, seconds=round(time.monotonic() - start, 1))}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_fsdp(ctx, reference: dict, script: Path, seconds: float) -> dict:
+    """Check (c): the FSDP2 run in a child process (world size 1) against the eager run of this process."""
+    out = ctx.workdir / "fsdp2-run.pt"
+    spec = {"device": ctx.device, "tiny": ctx.tiny, "model_path": ctx.model_path, "workdir": str(ctx.workdir),
+            "sizes": asdict(ctx.sizes), "seconds": seconds, "out": str(out)}
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    # Its own session: on a timeout the whole group goes (compile workers included), not only the child.
+    child = subprocess.Popen([sys.executable, str(script), "--_fsdp_child", json.dumps(spec)], env=env,
+                             start_new_session=True)
+    try:
+        code = child.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the FSDP2 process ran past its {seconds:.0f} s") from None
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    if code != 0 or not out.is_file():
+        raise RuntimeError(f"the FSDP2 process exited with code {code} (its output is above)")
+    sharded = torch.load(out, weights_only=True)
+    how = sharded["how"]
+    ok = how["fsdp"] and how["sharded_parameters"] == how["parameters"] > 0 and how["world_size"] == 1
+    return {"fsdp2_world1": compare(reference, sharded, "FSDP2 (fully_shard, world size 1) against unsharded", ok)}
+
+
+def fsdp_child(spec: dict) -> int:
+    """The child of `check_fsdp`: trains the equivalence run under FSDP2 and saves what `compare` reads."""
+    from gpu_check_setup import RunContext, Sizes, quiet_libraries
+
+    quiet_libraries()
+    ctx = RunContext(device=spec["device"], tiny=spec["tiny"], model_path=spec["model_path"],
+                     workdir=Path(spec["workdir"]), deadline=time.monotonic() + spec["seconds"],
+                     sizes=Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["sizes"].items()}))
+    if not ctx.cuda:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from fsdp_worker import enable_fsdp_on_cpu  # test-only shim: FSDP on the CPU (see its docstring)
+
+        enable_fsdp_on_cpu()
+    ctx.log("FSDP2 child: training under fully_shard, world size 1")
+    result = recorded_run(ctx, "fsdp2", **FSDP2)
+    del result["initial"]  # the parent compares with its own run's
+    torch.save(result, spec["out"])
+    ctx.log(f"FSDP2 child: done, losses {result['losses']}")
+    return 0
