@@ -24,8 +24,12 @@ from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
-                                    resolve_resume_checkpoint)
+from ..training.checkpoints import (
+    LAST_CHECKPOINT_VALUES,
+    NO_CHECKPOINT_VALUES,
+    remove_temporary_files,
+    resolve_resume_checkpoint,
+)
 from ..training.launch import refuse_one_process_of_several
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from .errors import run_command

@@ -59,8 +59,13 @@ def hub_model_problem(repo_id: str, revision: str | None = None, subfolder: str 
     network, the local Hugging Face cache answers instead.
     """
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RemoteEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     from huggingface_hub.utils import get_token, httpx
 
     filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
