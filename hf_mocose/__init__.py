@@ -2,32 +2,33 @@
 
     from hf_mocose import MoCoSETrainer, MoCoSETrainingArguments   # the Trainer front end
     from hf_mocose import MoCoSELoss                                # the sentence-transformers front end
+    from hf_mocose import export_to_sentence_transformers           # a checkpoint -> a SentenceTransformer folder
 
-The trainer and the loss are imported on first use (as TRL and sentence-transformers do), so
-`import hf_mocose` does not pay for `transformers.Trainer` or `sentence_transformers`.
+Every public name is imported on first use (as TRL and sentence-transformers do), so `import hf_mocose`
+pays for neither torch nor transformers (`hf-mocose mtd` is arithmetic). Using `MoCoSEConfig`, `MoCoSEModel`
+or a front end registers the "mocose" model type with `AutoConfig`/`AutoModel` (`models/modeling.py`), so
+`AutoModel.from_pretrained` and `SentenceTransformer` load MoCoSE checkpoints from then on.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from transformers import AutoConfig, AutoModel
-
-from .models.configuration import MoCoSEConfig
-from .models.modeling import MoCoSEModel
-
 __version__ = "0.1.0"
-
-AutoConfig.register(MoCoSEConfig.model_type, MoCoSEConfig, exist_ok=True)
-AutoModel.register(MoCoSEConfig, MoCoSEModel, exist_ok=True)
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
+    "MoCoSEConfig": ".models.modeling",  # (defined in .models.configuration; .models.modeling registers both)
+    "MoCoSEModel": ".models.modeling",
     "MoCoSELoss": ".st_loss.loss",
     "MoCoSETrainer": ".trainer.mocose_trainer",
     "MoCoSETrainingArguments": ".trainer.training_args",
+    "export_to_sentence_transformers": ".publishing.export",
 }
 
 if TYPE_CHECKING:
+    from .models.configuration import MoCoSEConfig
+    from .models.modeling import MoCoSEModel
+    from .publishing.export import export_to_sentence_transformers
     from .st_loss.loss import MoCoSELoss
     from .trainer.mocose_trainer import MoCoSETrainer
     from .trainer.training_args import MoCoSETrainingArguments
@@ -45,4 +46,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY_EXPORTS})
 
 
-__all__ = ["MoCoSEConfig", "MoCoSEModel", *_LAZY_EXPORTS, "__version__"]
+__all__ = [*_LAZY_EXPORTS, "__version__"]

@@ -312,7 +312,7 @@ def test_evaluation_loss_leaves_the_queue_alone(tiny_encoder, tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(contrastive_temperature=0.0), "contrastive_temperature"),
     (dict(queue_size=0), "queue_size"),
-    (dict(queue_size=8), r"queue_init_size \(K_s\) must be between 0 and queue_size=8, got 128"),
+    (dict(queue_size=8, queue_init_size=9), r"queue_init_size \(K_s\) must be between 0 and queue_size=8, got 9"),
     (dict(ema_decay_start=1.5), "ema_decay_start must be"),
     (dict(ema_decay_end=-0.1), "ema_decay_end"),
     (dict(ema_decay_horizon=0), "ema_decay_horizon"),

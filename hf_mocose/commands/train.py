@@ -24,7 +24,13 @@ from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import remove_temporary_files
+from ..training.checkpoints import (
+    LAST_CHECKPOINT_VALUES,
+    NO_CHECKPOINT_VALUES,
+    remove_temporary_files,
+    resolve_resume_checkpoint,
+)
+from ..training.launch import refuse_one_process_of_several
 from ..training.sharding import launch_sharding, refuse_unsupported_sharding
 from .errors import run_command
 
@@ -51,6 +57,11 @@ class ScriptArguments:
     dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
     text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Read the corpus as training goes (datasets' streaming: an IterableDataset, for corpora "
+                  "that do not fit in memory); needs max_steps. Several processes each train on their own part."},
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
     positive_column: str | None = field(
         default=None, metadata={"help": "Column with a given positive of each sentence (e.g. a paraphrase) used as its key."}
@@ -137,6 +148,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
                 action.required = False
         parser.set_defaults(**recipe)
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if script_args.streaming:
+        if training_args.max_steps <= 0:
+            raise ValueError("--streaming true reads the corpus as training goes, without counting it first: set "
+                             "--max_steps (the number of optimizer steps).")
+        if script_args.fraternal_column or training_args.hard_negatives:
+            raise ValueError("--streaming true works with plain sentences (and positive_column): IFCL's fraternal view "
+                             "and UNA's hard negatives read the whole corpus before training; drop --streaming.")
     if script_args.fraternal_column is not None:
         if training_args.method != "ifcl":
             raise ValueError(f"fraternal_column is IFCL's fraternal view: set method ifcl (got {training_args.method!r}).")
@@ -174,6 +192,15 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     return path
 
 
+def check_resume_folder(args: MoCoSETrainingArguments) -> None:
+    """An explicit `resume_from_checkpoint` folder that is missing or incomplete is named before the model is
+    loaded and the data tokenised (`resolve_resume_checkpoint`, which the trainer runs again before step 1);
+    `last` is resolved by the trainer alone."""
+    value = args.resume_from_checkpoint
+    if isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES):
+        resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
+
+
 def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | None:
     """Scores STS-B dev once more at the end (the best model with `load_best_model_at_end`) and says so."""
     if stsb_dev is None:
@@ -190,8 +217,12 @@ def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | No
 def main(argv: list[str] | None = None) -> str:
     """Trains, saves the final checkpoint and returns its folder."""
     script_args, args = parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    # hf-mocose's own INFO lines (resume choices, export length...); other libraries' only from WARNING up.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_mocose").setLevel(logging.INFO)
     refuse_sharded_launch(args)
+    refuse_one_process_of_several()
+    check_resume_folder(args)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 
@@ -215,6 +246,7 @@ def main(argv: list[str] | None = None) -> str:
             script_args.max_train_samples,
             script_args.fraternal_column,
             script_args.positive_column,
+            streaming=script_args.streaming,
         )
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
         # the trainer describes the training data for the model card from it (training_data.json).

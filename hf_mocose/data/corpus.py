@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from datasets import Dataset, load_dataset
+from datasets import Dataset, Features, IterableDataset, List, Value, load_dataset
 
 BUILTIN_PYTHON_DOCS = "builtin:python_docs"
 _EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -39,7 +39,8 @@ def load_sentences(
     max_train_samples: int | None = None,
     fraternal_column: str | None = None,
     positive_column: str | None = None,
-) -> Dataset:
+    streaming: bool = False,
+) -> Dataset | IterableDataset:
     """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
 
     Args:
@@ -50,9 +51,13 @@ def load_sentences(
         max_train_samples: keep only the first N sentences.
         fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
         positive_column: a given positive of each sentence (e.g. a paraphrase), kept as `positive_text`.
+        streaming: an `IterableDataset` read as training goes (`load_dataset(..., streaming=True)`), for corpora that
+            do not fit in memory: blank lines are dropped as they stream; rows cannot be counted beforehand, so an
+            empty file is refused only when it has 0 bytes, and rows with an empty positive are not looked for.
     """
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
+        dataset = dataset.to_iterable_dataset() if streaming else dataset
     elif train_file is not None:
         path = Path(train_file)
         if not path.is_file():
@@ -67,9 +72,9 @@ def load_sentences(
             raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
                              "(or rows with a text column).")
         extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
-        dataset = load_dataset(builder, data_files=str(path), split="train", **extra)
+        dataset = load_dataset(builder, data_files=str(path), split="train", streaming=streaming, **extra)
     elif dataset_name is not None:
-        dataset = load_dataset(dataset_name, dataset_config, split=dataset_split)
+        dataset = load_dataset(dataset_name, dataset_config, split=dataset_split, streaming=streaming)
     else:
         raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
 
@@ -81,11 +86,9 @@ def load_sentences(
             )
     columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
     dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
-    dataset = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
-    if len(dataset) == 0:
-        raise ValueError(f"The training data ({train_file or dataset_name}) has no non-empty sentences.")
+    dataset = drop_blank_sentences(dataset, f"The training data ({train_file or dataset_name})")
     for role, (column, name) in optional.items():
-        if not column:
+        if not column or streaming:
             continue
         empty = [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]
         if empty:
@@ -93,9 +96,26 @@ def load_sentences(
                 f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
                 f"(first: row {empty[0]}); every sentence needs one."
             )
-    if max_train_samples is not None:
+    if max_train_samples is not None and streaming:
+        dataset = dataset.take(max_train_samples)
+    elif max_train_samples is not None:
         dataset = dataset.select(range(min(max_train_samples, len(dataset))))
     return dataset
+
+
+def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
+    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left.
+
+    The check both doors run before any work: `scripts/train.py` (through `load_sentences`) and
+    `MoCoSETrainer(train_dataset=...)` with a `text` column. An `IterableDataset` is filtered as it
+    streams (its rows cannot be counted before training).
+    """
+    if isinstance(dataset, Dataset) and len(dataset) == 0:
+        raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
+    kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    if isinstance(kept, Dataset) and len(kept) == 0:
+        raise ValueError(f"{what} has no non-empty sentences ({len(dataset)} rows, all empty or blank).")
+    return kept
 
 
 def tokenize_sentences(
@@ -116,9 +136,20 @@ def tokenize_sentences(
         return encoded
 
     removed = [] if keep_text else [c for c in ("text", "positive_text") if c in dataset.column_names]
-    # An IterableDataset tokenises lazily, as it streams: no worker processes, no progress bar.
-    eager = {"num_proc": num_proc, "desc": "Tokenizing"} if isinstance(dataset, Dataset) else {}
-    return dataset.map(encode, batched=True, remove_columns=removed, **eager)
+    if isinstance(dataset, Dataset):
+        return dataset.map(encode, batched=True, remove_columns=removed, num_proc=num_proc, desc="Tokenizing")
+    # An IterableDataset tokenises lazily, as it streams (no worker processes, no progress bar); its columns
+    # are declared, so that they are known before the first row is read (the trainers check them).
+    return dataset.map(encode, batched=True, remove_columns=removed, features=_tokenized_features(dataset, encode, removed))
+
+
+def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
+    """The features of `dataset` once tokenised by `encode`: the columns it keeps, plus the tokenizer's outputs
+    (typed as `Dataset.map` infers them: int32 ids, int8 masks), found by tokenising one probe sentence."""
+    probe = encode({name: ["A probe sentence."] for name in ("text", "positive_text") if name in dataset.column_names})
+    kept = {name: feature for name, feature in (dataset.features or {}).items() if name not in removed}
+    tokens = {name: List(Value("int32" if name.endswith("input_ids") else "int8")) for name in probe}
+    return Features({**kept, **tokens})
 
 
 def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: int) -> Dataset:

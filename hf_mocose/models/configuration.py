@@ -38,7 +38,7 @@ METHOD_DEFAULTS: MappingProxyType = MappingProxyType({
     "head_learning_rate": 1e-3,
     "target_dropout": True,
     "queue_size": 512,
-    "queue_init_size": 128,
+    "queue_init_size": None,  # None: min(DEFAULT_QUEUE_INIT_SIZE, queue_size) (`resolve_queue_init_size`)
     "ema_decay_start": 0.75,
     "ema_decay_end": 0.95,
     "ema_decay_horizon": None,
@@ -47,6 +47,17 @@ METHOD_DEFAULTS: MappingProxyType = MappingProxyType({
     "fgsm_epsilon_unit": "absolute",
     "fgsm_views": "both",
 })
+
+# K_s when none is given: the paper's 128 (of K = 512), capped at the queue the user chose, so that
+# `queue_size=64` alone is a valid setting (the queue then starts full of random keys). Every paper
+# recipe and ablation grid sets `queue_init_size` itself.
+DEFAULT_QUEUE_INIT_SIZE = 128
+
+
+def resolve_queue_init_size(queue_init_size: int | None, queue_size: int) -> int:
+    """K_s: `queue_init_size`, or when it is None `min(128, queue_size)` (never more than the queue holds)."""
+    return min(DEFAULT_QUEUE_INIT_SIZE, max(queue_size, 0)) if queue_init_size is None else queue_init_size
+
 
 # Hyper-parameters that shape the model or its loss; training arguments carry the same names.
 MODEL_CONFIG_FIELDS = (
@@ -84,7 +95,7 @@ def validate_method_hparams(values: dict[str, Any]) -> None:
     if not temperature > 0:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
     queue_size = values.get("queue_size", METHOD_DEFAULTS["queue_size"])
-    init_size = values.get("queue_init_size", METHOD_DEFAULTS["queue_init_size"])
+    init_size = resolve_queue_init_size(values.get("queue_init_size"), queue_size)
     if method in ("mocose", "ifcl"):
         if queue_size < 1:
             raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
@@ -178,8 +189,8 @@ class MoCoSEConfig(PretrainedConfig):
             InfoNCE temperature tau (named so that `generation_config` checks leave it alone).
         queue_size (`int`, defaults to 512):
             Capacity K of the negative-key queue.
-        queue_init_size (`int`, defaults to 128):
-            Number K_s of random unit vectors the queue starts with.
+        queue_init_size (`int`, *optional*):
+            Number K_s of random unit vectors the queue starts with; None (the default) = min(128, `queue_size`).
         in_batch_negatives (`bool`, defaults to `True`):
             Whether the other keys of the (global) batch are negatives too.
         target_dropout (`bool`, defaults to `True`):
@@ -224,7 +235,7 @@ class MoCoSEConfig(PretrainedConfig):
         head_init: str = METHOD_DEFAULTS["head_init"],
         contrastive_temperature: float = METHOD_DEFAULTS["contrastive_temperature"],
         queue_size: int = METHOD_DEFAULTS["queue_size"],
-        queue_init_size: int = METHOD_DEFAULTS["queue_init_size"],
+        queue_init_size: int | None = METHOD_DEFAULTS["queue_init_size"],
         in_batch_negatives: bool = METHOD_DEFAULTS["in_batch_negatives"],
         target_dropout: bool = METHOD_DEFAULTS["target_dropout"],
         max_seq_length: int = 32,
@@ -250,7 +261,7 @@ class MoCoSEConfig(PretrainedConfig):
         self.head_init = head_init
         self.contrastive_temperature = contrastive_temperature
         self.queue_size = queue_size
-        self.queue_init_size = queue_init_size
+        self.queue_init_size = resolve_queue_init_size(queue_init_size, queue_size)
         self.in_batch_negatives = in_batch_negatives
         self.target_dropout = target_dropout
         self.max_seq_length = max_seq_length
@@ -283,3 +294,6 @@ class MoCoSEConfig(PretrainedConfig):
     def uses_queue(self) -> bool:
         """Whether this method keeps a queue of past keys (MoCoSE) or anchors (IFCL) as negatives."""
         return self.method in ("mocose", "ifcl")
+
+
+AutoConfig.register(MoCoSEConfig.model_type, MoCoSEConfig, exist_ok=True)  # AutoConfig.from_pretrained(checkpoint)

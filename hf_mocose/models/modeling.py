@@ -394,3 +394,7 @@ class MoCoSEModel(PreTrainedModel):
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         hidden = self.online_encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
         return pool_sentence_embedding(hidden, attention_mask, self.config.sentence_pooling, self.online_pooler)
+    get_text_features = embed  # what sentence-transformers calls: SentenceTransformer(checkpoint) encodes as `embed`
+
+
+AutoModel.register(MoCoSEConfig, MoCoSEModel, exist_ok=True)  # AutoModel and SentenceTransformer load checkpoints

@@ -205,6 +205,10 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
     if out == src or out in src.parents:
         # With --overwrite this would delete the checkpoint being exported.
         raise ValueError(f"Output folder {str(output_dir)!r} must not be (or contain) the checkpoint {str(checkpoint)!r}.")
+    if src in out.parents:
+        # Inside it, the export would become part of the checkpoint (a later push uploads it under mocose/).
+        raise ValueError(f"Output folder {str(output_dir)!r} is inside the checkpoint {str(checkpoint)!r}: write the "
+                         f"export beside it, e.g. {str(checkpoint.parent / 'sentence-transformers')!r}.")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
         raise ValueError(
             f"Output folder {str(output_dir)!r} exists and is not empty; pass --overwrite (overwrite=True) to replace it."
@@ -241,8 +245,8 @@ def export_to_sentence_transformers(
         The export folder.
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
     model, tokenizer = load_mocose_checkpoint(checkpoint)
-    _check_output_dir(output_dir, checkpoint, overwrite)
     max_seq_length, source = inference_max_seq_length(model.config, tokenizer, max_seq_length)
     logger.info("Export max_seq_length: %d tokens (%s; training used %d).", max_seq_length, source,
                 model.config.max_seq_length)

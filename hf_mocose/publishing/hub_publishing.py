@@ -222,6 +222,25 @@ class HubPublishingMixin:
         else:
             self.push_in_progress.jobs.append(job)
 
+    def export_sentence_transformers(self, output_dir: str | os.PathLike | None = None, *,
+                                     final_dir: str | os.PathLike | None = None, **card_kwargs) -> Path | None:
+        """Saves the model and writes its sentence-transformers export, with the model card; returns the export.
+
+        What `push_to_hub()` publishes, without the upload: the MoCoSE model is saved to `final_dir` (default
+        `<output_dir>/final`, what `SentenceTransformer` cannot load) and exported to `output_dir` (default
+        `<args.output_dir>/sentence-transformers`), which `SentenceTransformer(output_dir)` loads: the online
+        branch with its pooling, truncating at the encoder's inference length (`max_seq_length=` to choose
+        another). Built on `hf_mocose.export_to_sentence_transformers`; `card_kwargs` are its card keywords
+        (`eval_results`, `corpus`, `datasets`, `base_model`, `template`, `max_seq_length`...). Call it on every
+        process (sharded saves need them all); the main process writes the export and gets its folder, the
+        others None.
+        """
+        final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
+        self.save_model(str(final_dir), _internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        return export_final_model(self, final_dir, export_dir=output_dir, **card_kwargs)
+
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
         """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would.

@@ -65,6 +65,7 @@ def _parts(dataset) -> list:
 def check_training_data(loss: MoCoSELossParts, dataset, args=None) -> None:
     """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
     columns, a queue larger than the data, batches that differ between processes."""
+    check_streamed_data(dataset, args)
     columns = [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]
     if not columns:
         return  # not a `datasets` table: nothing to read before the first batch
@@ -91,6 +92,24 @@ def check_training_data(loss: MoCoSELossParts, dataset, args=None) -> None:
         if rows % per_step:
             raise ValueError(f"Under {world} processes every rank must hold the same number of keys at each step, but "
                              f"{rows} rows leave a last batch short of {per_step}: set dataloader_drop_last=True.")
+
+
+def check_streamed_data(dataset, args=None) -> None:
+    """A streamed dataset (`datasets.IterableDataset`) under several processes: every rank must read its own
+    shards of the stream (accelerate does it with `dispatch_batches=False`: sentence-transformers batches raw
+    text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches."""
+    from datasets import IterableDataset
+
+    world = rank_and_world()[1]
+    if not isinstance(dataset, IterableDataset) or world < 2 or args is None:
+        return
+    if args.accelerator_config.dispatch_batches is not False or not args.dataloader_drop_last:
+        raise ValueError(f"A streamed train_dataset under {world} processes: pass accelerator_config={{'dispatch_batches': "
+                         "False}} (accelerate then gives every rank its own shards of the stream) and "
+                         "dataloader_drop_last=True to SentenceTransformerTrainingArguments.")
+    if dataset.num_shards % world:
+        raise ValueError(f"The streamed train_dataset has {dataset.num_shards} shards, which {world} processes cannot "
+                         f"share: give a multiple of {world} (e.g. Dataset.to_iterable_dataset(num_shards={2 * world})).")
 
 
 class MoCoSELossCallback(EMATargetCallback):

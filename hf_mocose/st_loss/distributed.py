@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
+from ..training.launch import quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several
 from ..training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 
@@ -45,6 +46,8 @@ def refuse_sharded_launch() -> None:
 
     sharding = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
     refuse_unsupported_sharding("MoCoSELoss", *sharding, fsdp2_supported=False)
+    refuse_one_process_of_several()  # `accelerate launch --cpu --num_processes 2` starts one
+    quiet_ddp_broadcast_buffers_notice()  # sentence-transformers' ddp_broadcast_buffers=False sets it off
 
 
 def refuse_unsupported_launch(args) -> None:

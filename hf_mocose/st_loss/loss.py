@@ -24,7 +24,7 @@ from sentence_transformers.util.distributed import all_gather
 from torch import Tensor, nn
 
 from ..methods.augmentation import FGSMPerturbation
-from ..models.configuration import METHOD_DEFAULTS, validate_method_hparams
+from ..models.configuration import METHOD_DEFAULTS, resolve_queue_init_size, validate_method_hparams
 from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
 from ..models.losses import ContrastiveLossOutput, info_nce_loss
@@ -80,7 +80,7 @@ class MoCoSELoss(nn.Module):
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
         queue_size: K, negatives kept in the queue (at most the number of training rows).
-        queue_init_size: K_s, random unit vectors the queue starts with (at most `queue_size`).
+        queue_init_size: K_s, random unit vectors the queue starts with (at most `queue_size`; None: min(128, queue_size)).
         ema_decay_start, ema_decay_end: EMA decay eta at the first optimizer step and at the end of its cosine ramp.
         ema_decay_horizon: optimizer steps the ramp takes (None: the whole run).
         contrastive_temperature: InfoNCE temperature tau.
@@ -143,7 +143,7 @@ class MoCoSELoss(nn.Module):
     """
 
     def __init__(self, model: SentenceTransformer, *, queue_size: int = D["queue_size"],
-                 queue_init_size: int = D["queue_init_size"], ema_decay_start: float = D["ema_decay_start"],
+                 queue_init_size: int | None = D["queue_init_size"], ema_decay_start: float = D["ema_decay_start"],
                  ema_decay_end: float = D["ema_decay_end"], ema_decay_horizon: int | None = D["ema_decay_horizon"],
                  contrastive_temperature: float = D["contrastive_temperature"],
                  in_batch_negatives: bool = D["in_batch_negatives"], projection_layers: int = D["projection_layers"],
@@ -156,7 +156,7 @@ class MoCoSELoss(nn.Module):
         if unknown:
             _refuse_unknown(unknown)
         self.settings = dict(
-            queue_size=queue_size, queue_init_size=queue_init_size, ema_decay_start=ema_decay_start,
+            queue_size=queue_size, queue_init_size=resolve_queue_init_size(queue_init_size, queue_size), ema_decay_start=ema_decay_start,
             ema_decay_end=ema_decay_end, ema_decay_horizon=ema_decay_horizon,
             contrastive_temperature=contrastive_temperature, in_batch_negatives=in_batch_negatives,
             projection_layers=projection_layers, predictor_layers=predictor_layers, predictor_dim=predictor_dim,

