@@ -5,15 +5,19 @@
     from hf_mocose import export_to_sentence_transformers           # a checkpoint -> a SentenceTransformer folder
 
 Every public name is imported on first use (as TRL and sentence-transformers do), so `import hf_mocose`
-pays for neither torch nor transformers (`hf-mocose mtd` is arithmetic). Using `MoCoSEConfig`, `MoCoSEModel`
-or a front end registers the "mocose" model type with `AutoConfig`/`AutoModel` (`models/modeling.py`), so
-`AutoModel.from_pretrained` and `SentenceTransformer` load MoCoSE checkpoints from then on.
+pays for neither torch nor transformers (`hf-mocose mtd` is arithmetic). The "mocose" model type is
+registered with `AutoConfig`/`AutoModel` as soon as transformers loads them (`models/auto_registration.py`),
+so after `import hf_mocose`, `AutoModel.from_pretrained` and `SentenceTransformer` load MoCoSE checkpoints.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from .models.auto_registration import register_mocose_with_auto_classes
+
 __version__ = "0.1.0"
+
+register_mocose_with_auto_classes()
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
