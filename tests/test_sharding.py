@@ -23,15 +23,19 @@ def tiny_model(tiny_encoder):
     return MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
 
 
-def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no"):
+def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no",
+                  torch_compile=False, fgsm_mode="previous"):
     state = SimpleNamespace(
         distributed_type=distributed_type,
         fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None,
-        deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage else None,
+        deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage is not None else None,
+        mixed_precision=mixed_precision,
     )
     callbacks = []
     accelerator = SimpleNamespace(state=state, mixed_precision=mixed_precision, unwrap_model=lambda m: m)
-    return SimpleNamespace(accelerator=accelerator, model=model, add_callback=callbacks.append, callbacks=callbacks)
+    args = SimpleNamespace(torch_compile=torch_compile, fgsm_mode=fgsm_mode)
+    return SimpleNamespace(accelerator=accelerator, model=model, args=args, add_callback=callbacks.append,
+                           callbacks=callbacks)
 
 
 @pytest.mark.parametrize("kind, version, stage, message", [
@@ -44,6 +48,30 @@ def test_what_the_ema_target_cannot_follow_is_refused(tiny_model, kind, version,
     trainer = _fake_trainer(tiny_model, DistributedType[kind], version, stage)
     with pytest.raises(ValueError, match=message):
         configure_sharding(trainer, tiny_model.config)
+
+
+@pytest.mark.parametrize("mixed_precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_deepspeed_with_mixed_precision_is_refused_for_the_ema_target(tiny_model, stage, mixed_precision):
+    """DeepSpeed casts the whole module, the frozen target included, to bf16/fp16: the EMA would run on half copies."""
+    from accelerate.utils import DistributedType
+
+    trainer = _fake_trainer(tiny_model, DistributedType.DEEPSPEED, zero_stage=stage, mixed_precision=mixed_precision)
+    with pytest.raises(ValueError, match=f"DeepSpeed \\(ZeRO stage {stage}\\) with mixed_precision {mixed_precision}.*"
+                                         "FSDP2 .*fsdp2.yaml.* or DDP .*ddp.yaml"):
+        configure_sharding(trainer, tiny_model.config)
+
+
+def test_compiled_fgsm_is_refused_under_fsdp2_only(tiny_model):
+    """FGSM on a compiled model looks the word embeddings up before the root forward, which FSDP2 forbids."""
+    from accelerate.utils import DistributedType
+
+    compiled_fgsm = dict(torch_compile=True, fgsm_mode="previous")
+    with pytest.raises(ValueError, match="torch_compile=True with fgsm_mode='previous' is not supported under FSDP2"):
+        configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, **compiled_fgsm), tiny_model.config)
+    configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, torch_compile=True, fgsm_mode="off"),
+                       tiny_model.config)
+    configure_sharding(_fake_trainer(tiny_model, DistributedType.MULTI_CPU, **compiled_fgsm), tiny_model.config)
 
 
 @pytest.mark.parametrize("kind, version, stage", [("FSDP", 2, None), ("DEEPSPEED", None, 2), ("MULTI_CPU", None, None)])
@@ -75,16 +103,25 @@ def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_mode
     assert match_target_to_master_weights(tiny_model) == []  # nothing left to change
 
 
+LAUNCH_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION")
+DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
+
+
 @pytest.mark.parametrize("env, message", [
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, None),
     ({"ACCELERATE_USE_FSDP": "true"}, "FSDP version 1"),  # accelerate's default version
-    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, None),
-    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, None),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
+     "ZeRO stage 2\\) with mixed_precision bf16"),  # configs/accelerate/zero2.yaml as shipped
+    ({**DEEPSPEED, "ACCELERATE_MIXED_PRECISION": "fp16"}, "ZeRO stage 2\\) with mixed_precision fp16"),  # default 2
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"}, None),
 ])
 def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, message):
     from hf_mocose.commands.train import refuse_sharded_launch
 
-    for name in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+    for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -95,6 +132,52 @@ def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, 
         with pytest.raises(ValueError, match=message):
             refuse_sharded_launch(args)
     refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))  # no target: never refused
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 3}}, "ZeRO stage 3"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, "ZeRO stage 2\\) with mixed_precision bf16"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}, None),  # follows mixed_precision: no
+    ({"zero_optimization": {"stage": 1}}, None),
+    ({"zero_optimization": {"stage": "three"}}, "no ZeRO stage hf-mocose can read"),
+    ("not json", "no ZeRO stage hf-mocose can read"),
+])
+@pytest.mark.parametrize("given_as", ["accelerate_config_file", "training_argument"])
+def test_the_zero_stage_of_a_deepspeed_config_file_is_read(monkeypatch, tmp_path, config, message, given_as):
+    """accelerate's `deepspeed_config_file` (no `zero_stage` in the environment then) and the Trainer's `--deepspeed`."""
+    import json
+
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "ds_config.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    args = SimpleNamespace(method="mocose", fsdp_plugin_args=None, mixed_precision="no", deepspeed=None)
+    if given_as == "accelerate_config_file":
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")  # a stale stage: the file's wins, as in accelerate
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    else:
+        args.deepspeed = str(path)
+    if message is None:
+        refuse_sharded_launch(args)
+    else:
+        with pytest.raises(ValueError, match=message):
+            refuse_sharded_launch(args)
+
+
+def test_compiled_fgsm_under_an_fsdp2_launch_is_refused_before_the_model_is_built(monkeypatch):
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    args = SimpleNamespace(method="mocose", fsdp_plugin_args=None, torch_compile=True, fgsm_mode="exact")
+    with pytest.raises(ValueError, match="torch_compile=True with fgsm_mode='exact'.*set fgsm_mode off"):
+        refuse_sharded_launch(args)
+    refuse_sharded_launch(SimpleNamespace(**{**vars(args), "fgsm_mode": "off"}))
 
 
 def test_fsdp_training_arguments_are_read_too(tmp_path):
