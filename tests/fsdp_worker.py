@@ -1,14 +1,16 @@
 """Worker for tests/test_fsdp.py: MoCoSETrainer under accelerate's FSDP2 plugin, 2 CPU processes over gloo.
 
     torchrun --nproc_per_node 2 tests/fsdp_worker.py ENCODER OUT_DIR STS_DEV OPTIONS_JSON   (FSDP2, or DDP with "ddp")
-    accelerate launch --config_file configs/accelerate/fsdp2.yaml tests/fsdp_worker.py --train-script RECIPE ARGS...
-        (scripts/train.py itself, with the shim)
+    accelerate launch --config_file configs/accelerate/<engine>.yaml tests/fsdp_worker.py --train-script RECIPE ARGS...
+        (scripts/train.py itself, with the shims; tests/test_launch_matrix.py)
 
 TEST-ONLY SHIM (`enable_fsdp_on_cpu`): accelerate attaches its FSDP plugin only on accelerator devices;
 with `use_cpu` it leaves the distributed type at MULTI_CPU and the Trainer silently trains DDP. The shim
 does, for MULTI_CPU, the three assignments accelerate's own GPU branch does (distributed type FSDP, the
 plugin, its mixed precision). Everything after that is the real code path: `Trainer` -> `accelerator.prepare`
 -> `fsdp2_prepare_model` -> `fully_shard`, DCP / full state-dict checkpoints, `load_fsdp_model`.
+`enable_deepspeed_on_cpu` does the same for a DeepSpeed launch (accelerate's DEEPSPEED branch also skips
+`use_cpu`): the distributed type, DeepSpeed's communication over the gloo group, the plugin and its precision.
 
 The global batch is 8 sentences per optimizer step whatever the number of processes. Options (JSON):
 `state_dict_type`, `fgsm_mode`, `optim`, `learning_rate`, `bf16` (mixed precision), `load_bf16` (parameters
@@ -49,6 +51,29 @@ def enable_fsdp_on_cpu() -> None:
             if self._mixed_precision != "no":
                 fsdp_plugin.set_mixed_precision(self._mixed_precision)
             PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = init
+
+
+def enable_deepspeed_on_cpu() -> None:
+    """Lets accelerate use its DeepSpeed plugin over gloo on CPU, as `enable_fsdp_on_cpu` does for FSDP. Test only."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *args, deepspeed_plugin=None, **kwargs):
+        original(self, *args, deepspeed_plugin=deepspeed_plugin, **kwargs)
+        if deepspeed_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            from deepspeed import comm
+
+            comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # on the group accelerate made
+            self.distributed_type = DistributedType.DEEPSPEED
+            deepspeed_plugin.set_mixed_precision(self._mixed_precision)
+            deepspeed_plugin.select(_from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            self._mixed_precision = "no"  # as accelerate does: DeepSpeed's config carries the precision
+            PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
 
     AcceleratorState.__init__ = init
 
@@ -188,6 +213,8 @@ def losses_of(trainer):
 def main():
     if sys.argv[1] == "--train-script":
         enable_fsdp_on_cpu()
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            enable_deepspeed_on_cpu()
         from hf_mocose.commands.train import cli_main
 
         sys.exit(cli_main(sys.argv[2:]))

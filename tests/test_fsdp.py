@@ -16,13 +16,14 @@ there (accelerate only attaches its FSDP plugin on accelerator devices). Three l
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO_ROOT as REPO
+from conftest import free_port, launch_train_script, rank_logs
 from fake_hub import TOKEN, FakeHub
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
@@ -36,19 +37,13 @@ STS_ROWS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(encoder, out_dir: Path, sts_dev, options: dict, hub: FakeHub | None = None) -> list[dict]:
     out_dir.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     if hub is not None:
         env.update(HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(WORKER), encoder, str(out_dir), str(sts_dev), json.dumps(options)]
+           "--master_port", str(free_port()), str(WORKER), encoder, str(out_dir), str(sts_dev), json.dumps(options)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     results = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(2)
                if (out_dir / f"rank{r}.pt").is_file()]
@@ -232,17 +227,15 @@ def test_fsdp2_config_runs_scripts_train_end_to_end(tiny_encoder, tmp_path, sts_
 
     from hf_mocose.training.checkpoints import checkpoint_problems
 
-    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / "configs/accelerate/fsdp2.yaml"),
-           "--main_process_port", str(_free_port()), str(WORKER), "--train-script", str(repo / "training_args/quickstart.yaml"),
-           "--model_name_or_path", tiny_encoder, "--output_dir", str(out), "--stsb_dev_file", str(sts_dev),
-           "--max_train_samples", "64", "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2",
-           "--per_device_train_batch_size", "4", "--queue_size", "32", "--queue_init_size", "4", "--max_seq_length", "16",
-           "--use_cpu", "true"]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    argv = [str(REPO / "training_args/quickstart.yaml"), "--model_name_or_path", tiny_encoder, "--output_dir", str(out),
+            "--stsb_dev_file", str(sts_dev), "--max_train_samples", "64", "--max_steps", "4", "--eval_steps", "2",
+            "--save_steps", "2", "--per_device_train_batch_size", "4", "--queue_size", "32", "--queue_init_size", "4",
+            "--max_seq_length", "16", "--use_cpu", "true"]
+    proc = launch_train_script("fsdp2", argv, tmp_path / "logs")
     assert (out / "sentence-transformers" / "modules.json").is_file(), f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
-    assert "Model saved to" in proc.stderr and "pytorch_model_fsdp_0" in proc.stderr  # accelerate's FSDP save ran
+    logs = "".join(rank_logs(tmp_path / "logs").values())
+    assert "Model saved to" in logs and "pytorch_model_fsdp_0" in logs  # accelerate's FSDP save ran
     for step in (2, 4):
         assert checkpoint_problems(out / f"checkpoint-{step}") == []  # complete: what `last` resumes from
     best = json.loads((out / "trainer_state.json").read_text())["best_model_checkpoint"]

@@ -18,6 +18,11 @@ from hf_mocose.training.sharding import (
 )
 
 
+LAUNCH_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION")
+DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
+
+
 @pytest.fixture
 def tiny_model(tiny_encoder):
     return MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
@@ -25,11 +30,15 @@ def tiny_model(tiny_encoder):
 
 def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no",
                   torch_compile=False, fgsm_mode="previous"):
+    deepspeed = None
+    if zero_stage is not None:  # accelerate's state then says "no": the precision is in the DeepSpeed config
+        deepspeed = SimpleNamespace(zero_stage=zero_stage, deepspeed_config={
+            "zero_optimization": {"stage": zero_stage}, **{k: {"enabled": k == mixed_precision} for k in ("bf16", "fp16")}})
     state = SimpleNamespace(
         distributed_type=distributed_type,
         fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None,
-        deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage is not None else None,
-        mixed_precision=mixed_precision,
+        deepspeed_plugin=deepspeed,
+        mixed_precision="no" if deepspeed else mixed_precision,
     )
     callbacks = []
     accelerator = SimpleNamespace(state=state, mixed_precision=mixed_precision, unwrap_model=lambda m: m)
@@ -83,11 +92,27 @@ def test_fsdp2_zero2_and_ddp_are_accepted(tiny_model, kind, version, stage):
     assert [type(c) for c in trainer.callbacks] == ([ShardedModelCallback] if version == 2 else [])
 
 
-def test_simcse_has_no_target_and_is_not_refused(tiny_encoder):
+def test_simcse_has_no_target_and_is_refused_only_zero3(tiny_encoder, monkeypatch):
+    """No EMA target: FSDP1, DeepSpeed with bf16 pass; ZeRO-3 is refused for every method (the model is built from
+    whole encoder weights, which ZeRO-3 loads partitioned), in the trainer and at launch."""
     from accelerate.utils import DistributedType
+
+    from hf_mocose.commands.train import refuse_sharded_launch
 
     model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", queue_size=8, queue_init_size=2)
     configure_sharding(_fake_trainer(model, DistributedType.FSDP, fsdp_version=1), model.config)
+    configure_sharding(_fake_trainer(model, DistributedType.DEEPSPEED, zero_stage=2, mixed_precision="bf16"), model.config)
+    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO stage 3: .* loads the encoder partitioned"):
+        configure_sharding(_fake_trainer(model, DistributedType.DEEPSPEED, zero_stage=3), model.config)
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # FSDP version 1
+    refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO stage 3: .* loads the encoder partitioned"):
+        refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))
 
 
 def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_model):
@@ -101,11 +126,6 @@ def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_mode
     assert dtypes["target_encoder"] == dtypes["target_pooler"] == dtypes["target_projection"] == torch.float32
     assert dtypes["online_encoder"] == torch.bfloat16  # accelerate's own prepare() upcasts these
     assert match_target_to_master_weights(tiny_model) == []  # nothing left to change
-
-
-LAUNCH_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
-              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION")
-DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
 
 
 @pytest.mark.parametrize("env, message", [
@@ -131,7 +151,6 @@ def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, 
     else:
         with pytest.raises(ValueError, match=message):
             refuse_sharded_launch(args)
-    refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))  # no target: never refused
 
 
 @pytest.mark.parametrize("config, message", [
@@ -165,6 +184,22 @@ def test_the_zero_stage_of_a_deepspeed_config_file_is_read(monkeypatch, tmp_path
     else:
         with pytest.raises(ValueError, match=message):
             refuse_sharded_launch(args)
+
+
+@pytest.mark.parametrize("method", ["simcse", "ifcl"])
+def test_a_deepspeed_precision_the_trainer_would_reject_is_refused_for_every_method(monkeypatch, method):
+    """configs/accelerate/zero2.yaml says mixed_precision bf16; transformers' DeepSpeed set-up then requires bf16: true
+    in the training arguments and otherwise stops after the model is built. No EMA target here: only that rule."""
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.raises(ValueError, match="mixed_precision bf16 .* needs bf16: true .* add --bf16 true"):
+        refuse_sharded_launch(SimpleNamespace(method=method, fsdp_plugin_args=None, bf16=False))
+    refuse_sharded_launch(SimpleNamespace(method=method, fsdp_plugin_args=None, bf16=True))
 
 
 def test_compiled_fgsm_under_an_fsdp2_launch_is_refused_before_the_model_is_built(monkeypatch):

@@ -25,7 +25,13 @@ from ..trainer.inputs import build_mocose_model, check_model_source, load_tokeni
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
 from ..training.checkpoints import remove_temporary_files
-from ..training.sharding import launch_sharding, refuse_compiled_fgsm, refuse_unsupported_sharding
+from ..training.sharding import (
+    launch_sharding,
+    refuse_compiled_fgsm,
+    refuse_deepspeed_precision_mismatch,
+    refuse_unsupported_sharding,
+    refuse_zero3,
+)
 from .errors import run_command
 
 logger = logging.getLogger("hf_mocose.train")
@@ -148,15 +154,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
     """Fails fast when `accelerate launch` (or `--fsdp`, `--deepspeed`) asks for a sharding the EMA target cannot
     follow: FSDP1, ZeRO-3 (also from a DeepSpeed config file), DeepSpeed with bf16/fp16, or torch.compile + FGSM
-    under FSDP2 (FSDP2 is supported; see docs/distributed.md).
+    under FSDP2 (FSDP2 is supported; see docs/distributed.md); and, for every method, ZeRO-3 (the model is built
+    from whole encoder weights) and a DeepSpeed precision that transformers would refuse after the model is built.
 
     The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
     launch environment is read before the model is built.
     """
+    fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
     if args.method == "mocose":
-        fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
         refuse_unsupported_sharding(f"method={args.method!r}", fsdp_version, zero_stage, mixed_precision)
         refuse_compiled_fgsm(fsdp_version, getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
+    refuse_zero3(zero_stage)
+    refuse_deepspeed_precision_mismatch(zero_stage, mixed_precision, args)
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:

@@ -1,5 +1,5 @@
 """Sharded training with an EMA target: FSDP2 is supported; FSDP1, DeepSpeed ZeRO-3 and DeepSpeed with mixed
-precision are refused.
+precision are refused (ZeRO-3 for every method: the model is built from whole encoder weights).
 
 Under FSDP2 (`torch.distributed.fsdp.fully_shard`, as accelerate's FSDP plugin applies it with
 `fsdp_version: 2`) every parameter becomes a `DTensor` sharded on dim 0 (`Shard(0)`) over the
@@ -95,6 +95,31 @@ def refuse_compiled_fgsm(fsdp_version: int | None, torch_compile: bool, fgsm_mod
         )
 
 
+def refuse_zero3(zero_stage: int | None) -> None:
+    """DeepSpeed ZeRO-3 (or a stage that cannot be read), for every method: transformers then loads the encoder
+    partitioned, and `MoCoSEModel` is built by copying the encoder's weights into its branches and heads."""
+    if zero_stage in (3, ZERO_STAGE_UNKNOWN):
+        stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
+        raise ValueError(
+            f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder partitioned "
+            "(empty tensors on every rank), and MoCoSEModel is built by copying the encoder's weights into its "
+            f"branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO stage 1 or 2."
+        )
+
+
+def refuse_deepspeed_precision_mismatch(zero_stage: int | None, mixed_precision: str, args) -> None:
+    """Under DeepSpeed, transformers requires `bf16`/`fp16` in the training arguments to match the precision the
+    launch gives DeepSpeed (`mixed_precision: bf16` in configs/accelerate/zero2.yaml); it otherwise stops once the
+    model is built and the data tokenised. Any method."""
+    half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
+    if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
+        raise ValueError(
+            f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) needs "
+            f"{half}: true in the training arguments, which transformers checks against DeepSpeed's config: add "
+            f"--{half} true, or launch with --mixed_precision no."
+        )
+
+
 def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
     """`(fsdp_version, zero_stage, mixed_precision)` of an `AcceleratorState` (None for what is not in use)."""
     from accelerate.utils import DistributedType
@@ -103,7 +128,11 @@ def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
     fsdp_version = getattr(plugin, "fsdp_version", 1) if state.distributed_type == DistributedType.FSDP else None
     deepspeed = getattr(state, "deepspeed_plugin", None) if state.distributed_type == DistributedType.DEEPSPEED else None
     mixed_precision = str(getattr(state, "mixed_precision", "no"))
-    return fsdp_version, (deepspeed.zero_stage if deepspeed is not None else None), mixed_precision
+    if deepspeed is None:
+        return fsdp_version, None, mixed_precision
+    # Under DeepSpeed accelerate's state says "no" and leaves the precision to the DeepSpeed config.
+    _, stated_precision = deepspeed_config_settings(getattr(deepspeed, "deepspeed_config", None) or {})
+    return fsdp_version, deepspeed.zero_stage, stated_precision or mixed_precision
 
 
 def deepspeed_config_settings(config) -> tuple[int, str | None]:
@@ -194,11 +223,11 @@ def broadcast_replicated_buffers(model: nn.Module, src: int = 0) -> None:
 
 def configure_sharding(trainer, config) -> None:
     """`MoCoSETrainer.__init__`'s sharding set-up (see the module docstring); a no-op without FSDP/DeepSpeed."""
-    fsdp_version, zero_stage, _ = accelerator_sharding(trainer.accelerator.state)
+    fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
     if config.uses_target:
-        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage,
-                                    trainer.accelerator.mixed_precision)
+        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage, mixed_precision)
         refuse_compiled_fgsm(fsdp_version, trainer.args.torch_compile, trainer.args.fgsm_mode)
+    refuse_zero3(zero_stage)
     if fsdp_version == 2:
         if config.uses_target and trainer.accelerator.mixed_precision != "no":
             match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
