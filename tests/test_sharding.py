@@ -225,17 +225,27 @@ def test_fsdp_training_arguments_are_read_too(tmp_path):
         refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 1}))
 
 
-def test_mocose_loss_refuses_an_fsdp_launch_when_built(tiny_encoder, monkeypatch):
-    """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook: refuse first."""
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "MoCoSELoss does not support FSDP.*Train with DDP, or .*"
+                                                           "MoCoSETrainer"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
+     "MoCoSELoss does not support DeepSpeed .* launch with DDP"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "MoCoSELoss does not support DeepSpeed .* launch with DDP"),
+])
+def test_mocose_loss_refuses_an_fsdp_or_deepspeed_launch_when_built(tiny_encoder, monkeypatch, env, message):
+    """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook, and DeepSpeed
+    reduces and clips only the model it wraps: refuse first, pointing to what the loss supports (DDP)."""
     import accelerate.state
     from conftest import tiny_sentence_transformer
 
     from hf_mocose import MoCoSELoss
 
     monkeypatch.setattr(accelerate.state, "is_initialized", lambda: False)  # as in a fresh `accelerate launch`
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    monkeypatch.setenv("FSDP_VERSION", "2")
-    with pytest.raises(ValueError, match="MoCoSELoss does not support FSDP.*MoCoSETrainer"):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
         MoCoSELoss(tiny_sentence_transformer(tiny_encoder))
 
 

@@ -57,8 +57,8 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
         if not fsdp2_supported:
             raise ValueError(
                 f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the sharded "
-                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP or "
-                "DeepSpeed ZeRO-1/2, or shard with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
+                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP, or shard "
+                "with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
             )
         raise ValueError(
             f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot follow): "
