@@ -4,7 +4,7 @@
 
 Rows: the top-level recipes of training_args/, and every run of every ablation sweep in training_args/ablations/
 (its flags built by `hf_mocose.commands.sweep`, as `scripts/sweep.py` launches them). Columns: ddp, fsdp2, zero2,
-zero3 as shipped. Each cell either trains two optimizer steps (evaluated, checkpointed and exported at step 2, on
+zero3 as shipped (an ablation sweep's runs under DDP and FSDP2, its first run under DeepSpeed: `recipe_rows`). Each cell either trains two optimizer steps (evaluated, checkpointed and exported at step 2, on
 the engine it names: the checkpoint's layout tells DDP, FSDP2 and DeepSpeed apart) or is refused before any work
 with one `train.py: error:` line per process naming the setting and what to use instead. No process may print a
 traceback (the launcher itself then reports the failed processes in its own words).
@@ -56,18 +56,22 @@ NO_DEEPSPEED = ("DeepSpeed is not installed: `accelerate launch` needs it for co
                 "(pip install deepspeed; on CPU tests/fsdp_worker.py's shim runs it over gloo)")
 
 
-def recipe_rows() -> list[tuple[str, str, dict]]:
-    """`(row name, base recipe, overrides)`: each top-level recipe, then each run of each ablation sweep."""
-    rows = [(path.stem, f"training_args/{path.name}", {}) for path in sorted(RECIPES.glob("*.yaml"))]
+def recipe_rows() -> list[tuple[str, str, dict, tuple[str, ...]]]:
+    """`(row name, base recipe, overrides, engines)`: each top-level recipe under every engine, then each run of
+    each ablation sweep under DDP and FSDP2, where its settings reach the sharded model. Under DeepSpeed the
+    outcome is decided before the model is built, by the method and the launch alone (every run's flags are
+    parsed by tests/test_sweep.py), so the first run of each sweep stands for its sweep there."""
+    rows = [(path.stem, f"training_args/{path.name}", {}, ENGINES) for path in sorted(RECIPES.glob("*.yaml"))]
     for sweep in sorted((RECIPES / "ablations").glob("*.yaml")):
         _, base, runs = load_sweep(sweep, "unused")
-        rows += [(f"ablations/{sweep.stem}/{run.name}", base, run.overrides) for run in runs]
+        rows += [(f"ablations/{sweep.stem}/{run.name}", base, run.overrides,
+                  ENGINES if index == 0 else ("ddp", "fsdp2")) for index, run in enumerate(runs)]
     return rows
 
 
 def _cells():
-    for name, base, overrides in recipe_rows():
-        for engine in ENGINES:
+    for name, base, overrides, engines in recipe_rows():
+        for engine in engines:
             marks = [] if (name, engine) in FAST else [pytest.mark.launch_matrix_full]
             yield pytest.param(name, base, overrides, engine, id=f"{name}-{engine}", marks=marks)
 
@@ -154,7 +158,13 @@ def _target_layer(path: Path, prefix: str):
     ("quickstart", "ddp", ["--mixed_precision", "bf16"], []),  # MoCoSE with bf16: DDP (autocast)
     ("simcse-bert-base", "zero2", [], ["--bf16", "true"]),  # SimCSE and IFCL under zero2.yaml with the bf16 it asks for
     ("ifcl-bert-base", "zero2", [], ["--bf16", "true"]),  # (mean pooling: a bf16 export within bf16 rounding)
-], ids=["mocose-zero2-fp32", "mocose-ddp-bf16", "simcse-zero2-bf16", "ifcl-zero2-bf16"])
+    # torch.compile with FGSM is refused under FSDP2: it trains under DDP, and FSDP2 compiles without FGSM
+    # (aot_eager: dynamo and AOTAutograd without inductor's minutes of code generation on a CPU).
+    ("quickstart", "ddp", [], ["--torch_compile", "true", "--torch_compile_backend", "aot_eager"]),
+    ("quickstart", "fsdp2", [], ["--torch_compile", "true", "--torch_compile_backend", "aot_eager",
+                                 "--fgsm_mode", "off"]),
+], ids=["mocose-zero2-fp32", "mocose-ddp-bf16", "simcse-zero2-bf16", "ifcl-zero2-bf16", "mocose-ddp-compile-fgsm",
+        "mocose-fsdp2-compile-no-fgsm"])
 def test_what_the_refusals_point_to_trains(recipe, engine, accelerate_args, extra, tiny_encoder, sts_dev, tmp_path):
     """The alternatives the DeepSpeed refusals name train, and MoCoSE's target stays fp32 and moves."""
     argv_extra = [*common_overrides(tiny_encoder, sts_dev), *extra]
