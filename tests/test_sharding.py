@@ -71,6 +71,19 @@ def test_deepspeed_with_mixed_precision_is_refused_for_the_ema_target(tiny_model
         configure_sharding(trainer, tiny_model.config)
 
 
+@pytest.mark.parametrize("mixed_precision", ["bf16", "fp16", "no"])
+def test_the_precision_is_read_from_accelerates_deepspeed_plugin(mixed_precision):
+    """Under DeepSpeed accelerate's state says mixed_precision "no" and its plugin's config holds the precision."""
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
+
+    from hf_mocose.training.sharding import accelerator_sharding
+
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    plugin.set_mixed_precision(mixed_precision)  # what AcceleratorState does with the launch's precision
+    state = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, deepspeed_plugin=plugin, mixed_precision="no")
+    assert accelerator_sharding(state) == (None, 2, mixed_precision)
+
+
 def test_compiled_fgsm_is_refused_under_fsdp2_only(tiny_model):
     """FGSM on a compiled model looks the word embeddings up before the root forward, which FSDP2 forbids."""
     from accelerate.utils import DistributedType
