@@ -49,6 +49,10 @@ REFUSED = {
     **{(method, "zero3"): r"hf-mocose does not support DeepSpeed ZeRO stage 3: .* Shard with FSDP2 instead"
        for method in ("simcse", "ifcl")},
 }
+# Rows whose settings do not fit 2 processes: the sweep is sized for a global batch of 64 (its comment says so), and
+# the recipe's per-device batch of 64 on 2 processes makes 128, for which target_mtd's window outgrows the queue.
+ROW_REFUSED = {f"ablations/mtd-targets-extra/{run}": r"target_mtd=\d+(\.\d+)? needs \d+ queue entries at eta=0.75 "
+               r"with global batch 128, but queue_size is 1024\. Raise queue_size" for run in ("d-14.67", "d-18")}
 # The default run: the paper recipes under FSDP2, and one recipe under each other engine.
 FAST = {("mocose-bert-base", "fsdp2"), ("mocose-bert-large", "fsdp2"), ("mocose-una-bert-base", "fsdp2"),
         ("mocose-bert-base", "ddp"), ("mocose-bert-base", "zero2"), ("mocose-bert-base", "zero3")}
@@ -131,7 +135,7 @@ def test_every_recipe_trains_or_is_refused_in_one_line(name, base, overrides, en
     method = yaml.safe_load((REPO_ROOT / base).read_text())["method"]
     proc, logs, out = launch(tmp_path, base, overrides, engine, common_overrides(tiny_encoder, sts_dev))
     assert_no_traceback(logs, proc)
-    refusal = REFUSED.get((overrides.get("method", method), engine))
+    refusal = REFUSED.get((overrides.get("method", method), engine)) or ROW_REFUSED.get(name)
     if refusal is None:
         assert proc.returncode == 0, f"rank 0:\n{logs[0][-6000:]}"
         assert_trained(out, engine)
