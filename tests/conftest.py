@@ -59,6 +59,17 @@ def build_tiny_encoder(path: Path, model_type: str = "bert", seed: int = 0) -> s
     return str(path)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The whole launch matrix (tests/test_launch_matrix.py) runs when `-m` names `launch_matrix`; otherwise its cells
+    marked `launch_matrix_full` are deselected and only its fast subset runs."""
+    if "launch_matrix" in (config.getoption("markexpr") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("launch_matrix_full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def tiny_encoder(tmp_path_factory) -> str:
     """Path of a tiny random BERT encoder with a pooler and a real tokenizer."""
@@ -129,6 +140,35 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     if fraternal_encoder is not None:
         dataset = tokenize_fraternal(dataset, AutoTokenizer.from_pretrained(fraternal_encoder), args.max_seq_length)
     return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_train_script(config: str, argv: list[str], log_dir: Path, accelerate_args=(), timeout: int = 600):
+    """`accelerate launch --config_file configs/accelerate/<config>.yaml tests/fsdp_worker.py --train-script ARGV`:
+    scripts/train.py's `cli_main` in the config's processes, with the worker's CPU shims for FSDP and DeepSpeed
+    (inert under DDP). Each rank's stdout/stderr goes to its own file under `log_dir` (`rank_logs`).
+    Returns the finished `subprocess.CompletedProcess`."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO_ROOT / "configs" / "accelerate" / f"{config}.yaml"), "--main_process_port", str(free_port()),
+           "--tee", "3", "--log_dir", str(log_dir), *accelerate_args,
+           str(REPO_ROOT / "tests" / "fsdp_worker.py"), "--train-script", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def rank_logs(log_dir: Path, stream: str = "stderr") -> dict[int, str]:
+    """What each rank of a `launch_train_script` run wrote to `stream`, by rank."""
+    return {int(path.parent.name): path.read_text(errors="replace") for path in sorted(log_dir.rglob(f"{stream}.log"))}
 
 
 def run_cli(argv, capsys):

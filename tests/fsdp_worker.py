@@ -1,19 +1,23 @@
 """Worker for tests/test_fsdp.py: MoCoSETrainer under accelerate's FSDP2 plugin, 2 CPU processes over gloo.
 
     torchrun --nproc_per_node 2 tests/fsdp_worker.py ENCODER OUT_DIR STS_DEV OPTIONS_JSON   (FSDP2, or DDP with "ddp")
-    accelerate launch --config_file configs/accelerate/fsdp2.yaml tests/fsdp_worker.py --train-script RECIPE ARGS...
-        (scripts/train.py itself, with the shim)
+    accelerate launch --config_file configs/accelerate/<engine>.yaml tests/fsdp_worker.py --train-script RECIPE ARGS...
+        (scripts/train.py itself, with the shims; tests/test_launch_matrix.py)
 
 TEST-ONLY SHIM (`enable_fsdp_on_cpu`): accelerate attaches its FSDP plugin only on accelerator devices;
 with `use_cpu` it leaves the distributed type at MULTI_CPU and the Trainer silently trains DDP. The shim
 does, for MULTI_CPU, the three assignments accelerate's own GPU branch does (distributed type FSDP, the
 plugin, its mixed precision). Everything after that is the real code path: `Trainer` -> `accelerator.prepare`
 -> `fsdp2_prepare_model` -> `fully_shard`, DCP / full state-dict checkpoints, `load_fsdp_model`.
+`enable_deepspeed_on_cpu` does the same for a DeepSpeed launch (accelerate's DEEPSPEED branch also skips
+`use_cpu`): the distributed type, DeepSpeed's communication over the gloo group, the plugin and its precision.
 
-The global batch is 8 sentences whatever the number of processes. Options (JSON): `state_dict_type`,
-`fgsm_mode`, `optim`, `learning_rate`, `bf16` (mixed precision), `load_bf16` (parameters loaded in bf16,
-as `dtype=bfloat16` would), `ddp` (2 processes without FSDP: the unsharded reference), `resume` (also
-resume from checkpoint-2 into OUT_DIR/resumed and train to the end), `push_repo` (end with
+The global batch is 8 sentences per optimizer step whatever the number of processes. Options (JSON):
+`state_dict_type`, `fgsm_mode`, `optim`, `learning_rate`, `bf16` (mixed precision), `load_bf16` (parameters
+loaded in bf16, as `dtype=bfloat16` would), `ddp` (2 processes without FSDP: the unsharded reference),
+`accumulation` (gradient accumulation steps; the micro-batch shrinks so the global batch stays 8),
+`shared_embeddings` (the model's), `resume` (also resume from checkpoint-2 into OUT_DIR/resumed and train to
+the end; the optimizer state is recorded as saved at step 2 and as loaded back), `push_repo` (end with
 `trainer.push_to_hub()` to that repo at HF_ENDPOINT).
 Each rank writes rank{r}.pt: losses, the full state (gathered), its own queue, the EMA checks, the layout.
 """
@@ -24,6 +28,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from transformers import TrainerCallback
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import make_trainer  # noqa: E402
@@ -46,6 +51,29 @@ def enable_fsdp_on_cpu() -> None:
             if self._mixed_precision != "no":
                 fsdp_plugin.set_mixed_precision(self._mixed_precision)
             PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = init
+
+
+def enable_deepspeed_on_cpu() -> None:
+    """Lets accelerate use its DeepSpeed plugin over gloo on CPU, as `enable_fsdp_on_cpu` does for FSDP. Test only."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *args, deepspeed_plugin=None, **kwargs):
+        original(self, *args, deepspeed_plugin=deepspeed_plugin, **kwargs)
+        if deepspeed_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            from deepspeed import comm
+
+            comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # on the group accelerate made
+            self.distributed_type = DistributedType.DEEPSPEED
+            deepspeed_plugin.set_mixed_precision(self._mixed_precision)
+            deepspeed_plugin.select(_from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            self._mixed_precision = "no"  # as accelerate does: DeepSpeed's config carries the precision
+            PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
 
     AcceleratorState.__init__ = init
 
@@ -87,7 +115,11 @@ class EMAProbe:
         with CommDebugMode() as comm:
             self._update(decay)
         after = local_shards(cb._target_params)
+        copied = zip(local_shards(cb._target_buffers), local_shards(cb._online_buffers))
         self.steps.append({
+            # copied, not lerped: buffers, and the embedding module's parameters under shared_embeddings="module"
+            "copied_exact": all(torch.equal(t, o) for t, o in copied),
+            "copied_sharded": sum(is_sharded(t) for t in cb._target_buffers),
             "collectives": comm.get_total_counts(),
             "all_sharded": all(is_sharded(t) for t in cb._target_params + cb._online_params),
             "in_place": [t.data_ptr() for t in after] == pointers,
@@ -129,9 +161,35 @@ def layout(model) -> dict:
     }
 
 
+class OptimizerStateProbe(TrainerCallback):
+    """Keeps this rank's local optimizer state (e.g. AdamW's moments) as saved in checkpoint-`step` (`on_save`)
+    and as loaded back on resume (`on_train_begin`, which the Trainer calls after loading it)."""
+
+    def __init__(self, step: int):
+        self.step, self.saved, self.loaded = step, None, None
+
+    @staticmethod
+    def local_state(optimizer) -> list[dict]:
+        from hf_mocose.models.ema import local_shards
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return [{k: local_shards([v])[0].detach().clone() if isinstance(v, torch.Tensor) else v
+                 for k, v in optimizer.state[p].items()} for p in params]
+
+    def on_save(self, args, state, control, optimizer=None, **kwargs):
+        if state.global_step == self.step:
+            self.saved = self.local_state(optimizer)
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        if state.global_step == self.step:
+            self.loaded = self.local_state(optimizer)
+
+
 def build(encoder, out_dir, sts_dev, world, options):
+    accumulation = options.get("accumulation", 1)
     settings = dict(
-        n_sentences=128, per_device_train_batch_size=8 // world, max_steps=STEPS, encoder_dropout=0.0,
+        n_sentences=128, per_device_train_batch_size=8 // world // accumulation, gradient_accumulation_steps=accumulation,
+        shared_embeddings=options.get("shared_embeddings", "word"), max_steps=STEPS, encoder_dropout=0.0,
         head_dropout=0.0, pad_to_max_length=True, queue_size=40, queue_init_size=4, save_strategy="steps",
         save_steps=2, optim=options.get("optim", "sgd"), learning_rate=options.get("learning_rate", 0.1), sentence_pooling="cls_dense", stsb_dev_file=sts_dev,
         fgsm_mode=options.get("fgsm_mode", "previous"), fgsm_epsilon=0.01, fgsm_epsilon_unit="embedding_rms",
@@ -155,6 +213,8 @@ def losses_of(trainer):
 def main():
     if sys.argv[1] == "--train-script":
         enable_fsdp_on_cpu()
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            enable_deepspeed_on_cpu()
         from hf_mocose.commands.train import cli_main
 
         sys.exit(cli_main(sys.argv[2:]))
@@ -166,6 +226,8 @@ def main():
         load_parameters_in_bf16()
     trainer = build(encoder, out_dir, sts_dev, world, options)
     probe = EMAProbe(trainer.ema_callback)
+    optimizer_probe = OptimizerStateProbe(step=2)
+    trainer.add_callback(optimizer_probe)
     trainer.train()
     rank = trainer.args.process_index
     result = {
@@ -186,9 +248,11 @@ def main():
         publish_final_model(trainer, final)  # the export, on rank 0: <out_dir>/sentence-transformers
     if options.get("resume"):
         resumed = build(encoder, os.path.join(out_dir, "resumed"), sts_dev, world, options)
-        resumed_probe = EMAProbe(resumed.ema_callback)
+        resumed_probe, resumed_optimizer = EMAProbe(resumed.ema_callback), OptimizerStateProbe(step=2)
+        resumed.add_callback(resumed_optimizer)
         resumed.train(resume_from_checkpoint=os.path.join(out_dir, "checkpoint-2"))
-        result["resumed"] = {"losses": losses_of(resumed), "state": full_state(resumed.model), "ema": resumed_probe.steps}
+        result["resumed"] = {"losses": losses_of(resumed), "state": full_state(resumed.model), "ema": resumed_probe.steps,
+                             "optimizer_saved": optimizer_probe.saved, "optimizer_loaded": resumed_optimizer.loaded}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     print(json.dumps({"rank": rank, "losses": result["losses"]}), flush=True)
 

@@ -200,6 +200,16 @@ def test_sharded_launch_refused_before_building_the_model(tmp_path, monkeypatch,
               "--use_cpu", "true", "--eval_strategy", "no"])
 
 
+def test_unreachable_target_mtd_refused_before_building_the_model(tmp_path):
+    """The queue window target_mtd needs at the launch's global batch is checked before anything is loaded (the
+    model path does not even exist); MoCoSETrainer checks it again with the model's own queue_size."""
+    with pytest.raises(ValueError, match="target_mtd=14.67 needs 683 queue entries at eta=0.75 with global batch 64, "
+                                         "but queue_size is 512"):
+        main(["--model_name_or_path", "/nonexistent", "--train_file", BUILTIN_PYTHON_DOCS, "--output_dir", str(tmp_path),
+              "--use_cpu", "true", "--eval_strategy", "no", "--per_device_train_batch_size", "64", "--queue_size", "512",
+              "--queue_init_size", "512", "--ema_decay_start", "0.75", "--ema_decay_end", "0.9", "--target_mtd", "14.67"])
+
+
 def test_every_export_names_the_base_model(tiny_encoder, tmp_path, capsys):
     """The checkpoint config carries base_model_name_or_path, so a later `hf-mocose export` names it too."""
     import json

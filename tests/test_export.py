@@ -280,3 +280,16 @@ def test_position_limit_minds_roberta_offset_and_tokenizer_sentinel(tmp_path):
     tokenizer.model_max_length = int(1e30)  # transformers' "no limit" sentinel
     assert inference_max_seq_length(model.config, tokenizer) == (126, "the encoder's position limit")
     assert inference_max_seq_length(model.config, tokenizer, 64) == (64, "given explicitly")
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_a_bf16_checkpoint_exports_within_bf16_rounding(tiny_encoder, tmp_path, pooling):
+    """DeepSpeed with bf16 saves bf16 weights: the export and `embed` then compute in bf16 along different paths and
+    differ by up to a bf16 rounding step (mean pooling: 0.0078 here), which failed the 1e-5 check before."""
+    model, tokenizer = make_checkpoint(tiny_encoder, tmp_path / "ckpt", sentence_pooling=pooling, queue_size=8,
+                                       queue_init_size=4, max_seq_length=MAX_LEN)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "ckpt")  # over the fp32 weights; the tokenizer stays
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", write_card=False)
+    diff = verify_export(folder, model, tokenizer, INFERENCE_LEN)
+    reference = reference_embeddings(model, tokenizer, TEXTS, INFERENCE_LEN)
+    assert diff <= 2 * torch.finfo(torch.bfloat16).eps * reference.abs().max().item() + 1e-6

@@ -4,22 +4,26 @@ The workers (tests/fsdp_worker.py) run under torchrun; FSDP on CPU needs the tes
 there (accelerate only attaches its FSDP plugin on accelerator devices). Three launches, shared by the tests
 (and one of scripts/train.py with configs/accelerate/fsdp2.yaml, last):
 
-  - `sharded`: FSDP2, SHARDED_STATE_DICT (DCP) checkpoints, FGSM "previous", resumed from checkpoint-2,
-    pushed to a fake Hub;
+  - `sharded`: FSDP2, SHARDED_STATE_DICT (DCP) checkpoints, FGSM "previous", the paper recipes'
+    `shared_embeddings: module`, 2 micro-batches per optimizer step (gradient accumulation), resumed from
+    checkpoint-2, pushed to a fake Hub;
   - `unsharded`: the same run under DDP (the reference), pushed too;
+  - `sharded_adamw`: FSDP2, SHARDED_STATE_DICT, AdamW, `shared_embeddings: module`, resumed from checkpoint-2
+    (AdamW's moments travel through DCP);
   - `full_bf16`: FSDP2, FULL_STATE_DICT checkpoints, bf16 mixed precision with parameters loaded in bf16,
     FGSM "exact", AdamW, resumed from checkpoint-2.
 """
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO_ROOT as REPO
+from conftest import free_port, launch_train_script, rank_logs
 from fake_hub import TOKEN, FakeHub
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
@@ -33,19 +37,13 @@ STS_ROWS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(encoder, out_dir: Path, sts_dev, options: dict, hub: FakeHub | None = None) -> list[dict]:
     out_dir.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     if hub is not None:
         env.update(HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(WORKER), encoder, str(out_dir), str(sts_dev), json.dumps(options)]
+           "--master_port", str(free_port()), str(WORKER), encoder, str(out_dir), str(sts_dev), json.dumps(options)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     results = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(2)
                if (out_dir / f"rank{r}.pt").is_file()]
@@ -69,16 +67,29 @@ def hub():
     server.server.server_close()
 
 
+# What the paper recipes set (shared_embeddings) and gradient accumulation: the FSDP2 vs DDP comparison covers both.
+PAPER_SHARING_ACCUMULATED = {"shared_embeddings": "module", "accumulation": 2}
+
+
 @pytest.fixture(scope="module")
 def sharded(tiny_encoder, tmp_path_factory, sts_dev, hub):
     out = tmp_path_factory.mktemp("fsdp") / "run"  # same run name as `unsharded`: the model cards name it
-    return {"ranks": _launch(tiny_encoder, out, sts_dev, {"resume": True, "push_repo": "sharded/run"}, hub), "dir": out}
+    options = {"resume": True, "push_repo": "sharded/run", **PAPER_SHARING_ACCUMULATED}
+    return {"ranks": _launch(tiny_encoder, out, sts_dev, options, hub), "dir": out}
 
 
 @pytest.fixture(scope="module")
 def unsharded(tiny_encoder, tmp_path_factory, sts_dev, hub):
     out = tmp_path_factory.mktemp("ddp") / "run"
-    return {"ranks": _launch(tiny_encoder, out, sts_dev, {"ddp": True, "push_repo": "unsharded/run"}, hub), "dir": out}
+    options = {"ddp": True, "push_repo": "unsharded/run", **PAPER_SHARING_ACCUMULATED}
+    return {"ranks": _launch(tiny_encoder, out, sts_dev, options, hub), "dir": out}
+
+
+@pytest.fixture(scope="module")
+def sharded_adamw(tiny_encoder, tmp_path_factory, sts_dev):
+    out = tmp_path_factory.mktemp("adamw") / "run"
+    options = {"resume": True, "optim": "adamw_torch", "learning_rate": 1e-3, "shared_embeddings": "module"}
+    return {"ranks": _launch(tiny_encoder, out, sts_dev, options), "dir": out}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +117,8 @@ def test_online_and_target_are_sharded_alike(sharded, full_bf16):
 
 
 def test_fsdp2_matches_ddp(sharded, unsharded):
-    """Online and target weights, heads, predictor and queue after 4 steps (FGSM on), and every loss."""
+    """Online and target weights, heads, predictor and queue after 4 optimizer steps of 2 accumulated micro-batches
+    (FGSM on, the embedding module shared), and every loss: FSDP2 equals DDP within 1e-5."""
     fsdp, ddp = sharded["ranks"][0], unsharded["ranks"][0]
     assert not ddp["fsdp"] and ddp["world_size"] == 2
     _assert_states_close(fsdp["state"], ddp["state"], atol=1e-5)
@@ -125,8 +137,8 @@ def test_ranks_hold_the_same_replicated_queue(sharded):
         assert torch.equal(rank0["state"][name], rank1["state"][name]), name
 
 
-def test_ema_lerps_local_shards_without_communication(sharded, full_bf16):
-    for run in (sharded, full_bf16):
+def test_ema_lerps_local_shards_without_communication(sharded, sharded_adamw, full_bf16):
+    for run in (sharded, sharded_adamw, full_bf16):
         for rank in run["ranks"]:
             target_elements = sum(t.numel() for n, t in rank["state"].items() if n.startswith("target_"))
             assert rank["control_collectives"] >= 1  # CommDebugMode does see a collective
@@ -137,6 +149,9 @@ def test_ema_lerps_local_shards_without_communication(sharded, full_bf16):
                 assert step["in_place"] and step["exact"] and step["moved"], step
                 assert step["dtypes"] == ["torch.float32"], step
                 assert step["local_elements"] < 0.6 * target_elements  # this rank's half, not the whole target
+                assert step["copied_exact"], step  # buffers and, with shared_embeddings "module", the embedding module
+                # The embedding module's position/type tables and LayerNorm are DTensors: copied shard by shard.
+                assert (step["copied_sharded"] > 0) == (run is not full_bf16), step
 
 
 def test_sharded_state_dict_resume_is_exact(sharded):
@@ -145,6 +160,24 @@ def test_sharded_state_dict_resume_is_exact(sharded):
     assert {"config.json", "tokenizer.json", "fgsm_state_rank0.pt", "fgsm_state_rank1.pt"} <= {
         p.name for p in checkpoint.iterdir()}
     run = sharded["ranks"][0]
+    _assert_states_close(run["resumed"]["state"], run["state"], atol=1e-6)
+    assert run["resumed"]["losses"][-2:] == pytest.approx(run["losses"][-2:], abs=1e-6)
+
+
+def test_sharded_state_dict_resume_restores_adamw_moments_exactly(sharded_adamw):
+    """AdamW's step count and both moments, each rank's shards, as saved in checkpoint-2 (DCP) and as loaded back;
+    then the resumed run ends where the uninterrupted one did."""
+    checkpoint = sharded_adamw["dir"] / "checkpoint-2"
+    assert (checkpoint / "optimizer_0").is_dir() and not (checkpoint / "optimizer.pt").exists()
+    for rank in sharded_adamw["ranks"]:
+        saved, loaded = rank["resumed"]["optimizer_saved"], rank["resumed"]["optimizer_loaded"]
+        assert saved and len(saved) == len(loaded)
+        for before, after in zip(saved, loaded):
+            assert before.keys() == after.keys() == {"step", "exp_avg", "exp_avg_sq"}
+            for name in before:
+                assert torch.equal(before[name], after[name]), name
+        assert any(state["exp_avg_sq"].abs().sum() > 0 for state in saved)  # moments that matter
+    run = sharded_adamw["ranks"][0]
     _assert_states_close(run["resumed"]["state"], run["state"], atol=1e-6)
     assert run["resumed"]["losses"][-2:] == pytest.approx(run["losses"][-2:], abs=1e-6)
 
@@ -205,15 +238,12 @@ def test_fsdp2_config_runs_scripts_train_end_to_end(tiny_encoder, tmp_path, sts_
 
     from hf_mocose.training.checkpoints import checkpoint_problems
 
-    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / "configs/accelerate/fsdp2.yaml"),
-           "--main_process_port", str(_free_port()), str(WORKER), "--train-script", str(repo / "training_args/quickstart.yaml"),
-           "--model_name_or_path", tiny_encoder, "--output_dir", str(out), "--stsb_dev_file", str(sts_dev),
-           "--max_train_samples", "64", "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2",
-           "--per_device_train_batch_size", "4", "--queue_size", "32", "--queue_init_size", "4", "--max_seq_length", "16",
-           "--use_cpu", "true"]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    argv = [str(REPO / "training_args/quickstart.yaml"), "--model_name_or_path", tiny_encoder, "--output_dir", str(out),
+            "--stsb_dev_file", str(sts_dev), "--max_train_samples", "64", "--max_steps", "4", "--eval_steps", "2",
+            "--save_steps", "2", "--per_device_train_batch_size", "4", "--queue_size", "32", "--queue_init_size", "4",
+            "--max_seq_length", "16", "--use_cpu", "true"]
+    proc = launch_train_script("fsdp2", argv, tmp_path / "logs")
     assert (out / "sentence-transformers" / "modules.json").is_file(), f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
     # accelerate's FSDP save ran (its "Model saved to" log line is silenced now): DCP shards in every checkpoint
     assert all((out / f"checkpoint-{step}" / "pytorch_model_fsdp_0" / ".metadata").is_file() for step in (2, 4))

@@ -18,20 +18,33 @@ from hf_mocose.training.sharding import (
 )
 
 
+LAUNCH_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION")
+DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
+
+
 @pytest.fixture
 def tiny_model(tiny_encoder):
     return MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
 
 
-def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no"):
+def _fake_trainer(model, distributed_type, fsdp_version=None, zero_stage=None, mixed_precision="no",
+                  torch_compile=False, fgsm_mode="previous"):
+    deepspeed = None
+    if zero_stage is not None:  # accelerate's state then says "no": the precision is in the DeepSpeed config
+        deepspeed = SimpleNamespace(zero_stage=zero_stage, deepspeed_config={
+            "zero_optimization": {"stage": zero_stage}, **{k: {"enabled": k == mixed_precision} for k in ("bf16", "fp16")}})
     state = SimpleNamespace(
         distributed_type=distributed_type,
         fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None,
-        deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage) if zero_stage else None,
+        deepspeed_plugin=deepspeed,
+        mixed_precision="no" if deepspeed else mixed_precision,
     )
     callbacks = []
     accelerator = SimpleNamespace(state=state, mixed_precision=mixed_precision, unwrap_model=lambda m: m)
-    return SimpleNamespace(accelerator=accelerator, model=model, add_callback=callbacks.append, callbacks=callbacks)
+    args = SimpleNamespace(torch_compile=torch_compile, fgsm_mode=fgsm_mode)
+    return SimpleNamespace(accelerator=accelerator, model=model, args=args, add_callback=callbacks.append,
+                           callbacks=callbacks)
 
 
 @pytest.mark.parametrize("kind, version, stage, message", [
@@ -46,6 +59,43 @@ def test_what_the_ema_target_cannot_follow_is_refused(tiny_model, kind, version,
         configure_sharding(trainer, tiny_model.config)
 
 
+@pytest.mark.parametrize("mixed_precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_deepspeed_with_mixed_precision_is_refused_for_the_ema_target(tiny_model, stage, mixed_precision):
+    """DeepSpeed casts the whole module, the frozen target included, to bf16/fp16: the EMA would run on half copies."""
+    from accelerate.utils import DistributedType
+
+    trainer = _fake_trainer(tiny_model, DistributedType.DEEPSPEED, zero_stage=stage, mixed_precision=mixed_precision)
+    with pytest.raises(ValueError, match=f"DeepSpeed \\(ZeRO stage {stage}\\) with mixed_precision {mixed_precision}.*"
+                                         "FSDP2 .*fsdp2.yaml.* or DDP .*ddp.yaml"):
+        configure_sharding(trainer, tiny_model.config)
+
+
+@pytest.mark.parametrize("mixed_precision", ["bf16", "fp16", "no"])
+def test_the_precision_is_read_from_accelerates_deepspeed_plugin(mixed_precision):
+    """Under DeepSpeed accelerate's state says mixed_precision "no" and its plugin's config holds the precision."""
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
+
+    from hf_mocose.training.sharding import accelerator_sharding
+
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    plugin.set_mixed_precision(mixed_precision)  # what AcceleratorState does with the launch's precision
+    state = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, deepspeed_plugin=plugin, mixed_precision="no")
+    assert accelerator_sharding(state) == (None, 2, mixed_precision)
+
+
+def test_compiled_fgsm_is_refused_under_fsdp2_only(tiny_model):
+    """FGSM on a compiled model looks the word embeddings up before the root forward, which FSDP2 forbids."""
+    from accelerate.utils import DistributedType
+
+    compiled_fgsm = dict(torch_compile=True, fgsm_mode="previous")
+    with pytest.raises(ValueError, match="torch_compile=True with fgsm_mode='previous' is not supported under FSDP2"):
+        configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, **compiled_fgsm), tiny_model.config)
+    configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, torch_compile=True, fgsm_mode="off"),
+                       tiny_model.config)
+    configure_sharding(_fake_trainer(tiny_model, DistributedType.MULTI_CPU, **compiled_fgsm), tiny_model.config)
+
+
 @pytest.mark.parametrize("kind, version, stage", [("FSDP", 2, None), ("DEEPSPEED", None, 2), ("MULTI_CPU", None, None)])
 def test_fsdp2_zero2_and_ddp_are_accepted(tiny_model, kind, version, stage):
     from accelerate.utils import DistributedType
@@ -55,11 +105,27 @@ def test_fsdp2_zero2_and_ddp_are_accepted(tiny_model, kind, version, stage):
     assert [type(c) for c in trainer.callbacks] == ([ShardedModelCallback] if version == 2 else [])
 
 
-def test_simcse_has_no_target_and_is_not_refused(tiny_encoder):
+def test_simcse_has_no_target_and_is_refused_only_zero3(tiny_encoder, monkeypatch):
+    """No EMA target: FSDP1, DeepSpeed with bf16 pass; ZeRO-3 is refused for every method (the model is built from
+    whole encoder weights, which ZeRO-3 loads partitioned), in the trainer and at launch."""
     from accelerate.utils import DistributedType
+
+    from hf_mocose.commands.train import refuse_sharded_launch
 
     model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", queue_size=8, queue_init_size=2)
     configure_sharding(_fake_trainer(model, DistributedType.FSDP, fsdp_version=1), model.config)
+    configure_sharding(_fake_trainer(model, DistributedType.DEEPSPEED, zero_stage=2, mixed_precision="bf16"), model.config)
+    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO stage 3: .* loads the encoder partitioned"):
+        configure_sharding(_fake_trainer(model, DistributedType.DEEPSPEED, zero_stage=3), model.config)
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # FSDP version 1
+    refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO stage 3: .* loads the encoder partitioned"):
+        refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))
 
 
 def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_model):
@@ -78,13 +144,17 @@ def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_mode
 @pytest.mark.parametrize("env, message", [
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, None),
     ({"ACCELERATE_USE_FSDP": "true"}, "FSDP version 1"),  # accelerate's default version
-    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, None),
-    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, None),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
+     "ZeRO stage 2\\) with mixed_precision bf16"),  # configs/accelerate/zero2.yaml as shipped
+    ({**DEEPSPEED, "ACCELERATE_MIXED_PRECISION": "fp16"}, "ZeRO stage 2\\) with mixed_precision fp16"),  # default 2
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"}, None),
 ])
 def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, message):
     from hf_mocose.commands.train import refuse_sharded_launch
 
-    for name in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+    for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -94,7 +164,68 @@ def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, 
     else:
         with pytest.raises(ValueError, match=message):
             refuse_sharded_launch(args)
-    refuse_sharded_launch(SimpleNamespace(method="simcse", fsdp_plugin_args=None))  # no target: never refused
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 3}}, "ZeRO stage 3"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, "ZeRO stage 2\\) with mixed_precision bf16"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}, None),  # follows mixed_precision: no
+    ({"zero_optimization": {"stage": 1}}, None),
+    ({"zero_optimization": {"stage": "three"}}, "no ZeRO stage hf-mocose can read"),
+    ("not json", "no ZeRO stage hf-mocose can read"),
+])
+@pytest.mark.parametrize("given_as", ["accelerate_config_file", "training_argument"])
+def test_the_zero_stage_of_a_deepspeed_config_file_is_read(monkeypatch, tmp_path, config, message, given_as):
+    """accelerate's `deepspeed_config_file` (no `zero_stage` in the environment then) and the Trainer's `--deepspeed`."""
+    import json
+
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "ds_config.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    args = SimpleNamespace(method="mocose", fsdp_plugin_args=None, mixed_precision="no", deepspeed=None)
+    if given_as == "accelerate_config_file":
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")  # a stale stage: the file's wins, as in accelerate
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    else:
+        args.deepspeed = str(path)
+    if message is None:
+        refuse_sharded_launch(args)
+    else:
+        with pytest.raises(ValueError, match=message):
+            refuse_sharded_launch(args)
+
+
+@pytest.mark.parametrize("method", ["simcse", "ifcl"])
+def test_a_deepspeed_precision_the_trainer_would_reject_is_refused_for_every_method(monkeypatch, method):
+    """configs/accelerate/zero2.yaml says mixed_precision bf16; transformers' DeepSpeed set-up then requires bf16: true
+    in the training arguments and otherwise stops after the model is built. No EMA target here: only that rule."""
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.raises(ValueError, match="mixed_precision bf16 .* needs bf16: true .* add --bf16 true"):
+        refuse_sharded_launch(SimpleNamespace(method=method, fsdp_plugin_args=None, bf16=False))
+    refuse_sharded_launch(SimpleNamespace(method=method, fsdp_plugin_args=None, bf16=True))
+
+
+def test_compiled_fgsm_under_an_fsdp2_launch_is_refused_before_the_model_is_built(monkeypatch):
+    from hf_mocose.commands.train import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    args = SimpleNamespace(method="mocose", fsdp_plugin_args=None, torch_compile=True, fgsm_mode="exact")
+    with pytest.raises(ValueError, match="torch_compile=True with fgsm_mode='exact'.*set fgsm_mode off"):
+        refuse_sharded_launch(args)
+    refuse_sharded_launch(SimpleNamespace(**{**vars(args), "fgsm_mode": "off"}))
 
 
 def test_fsdp_training_arguments_are_read_too(tmp_path):
@@ -107,17 +238,27 @@ def test_fsdp_training_arguments_are_read_too(tmp_path):
         refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 1}))
 
 
-def test_mocose_loss_refuses_an_fsdp_launch_when_built(tiny_encoder, monkeypatch):
-    """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook: refuse first."""
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "MoCoSELoss does not support FSDP.*Train with DDP, or .*"
+                                                           "MoCoSETrainer"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
+     "MoCoSELoss does not support DeepSpeed .* launch with DDP"),
+    ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "MoCoSELoss does not support DeepSpeed .* launch with DDP"),
+])
+def test_mocose_loss_refuses_an_fsdp_or_deepspeed_launch_when_built(tiny_encoder, monkeypatch, env, message):
+    """accelerate's FSDP2 prepare() fails on the loss's own trainable heads, before any loss hook, and DeepSpeed
+    reduces and clips only the model it wraps: refuse first, pointing to what the loss supports (DDP)."""
     import accelerate.state
     from conftest import tiny_sentence_transformer
 
     from hf_mocose import MoCoSELoss
 
     monkeypatch.setattr(accelerate.state, "is_initialized", lambda: False)  # as in a fresh `accelerate launch`
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    monkeypatch.setenv("FSDP_VERSION", "2")
-    with pytest.raises(ValueError, match="MoCoSELoss does not support FSDP.*MoCoSETrainer"):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
         MoCoSELoss(tiny_sentence_transformer(tiny_encoder))
 
 

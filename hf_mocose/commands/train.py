@@ -19,7 +19,10 @@ import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
+from ..methods.mtd import check_target_reachable
+from ..models.ema import ema_decay_range
 from ..models.sequence_length import inference_max_seq_length
+from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
@@ -31,7 +34,13 @@ from ..training.checkpoints import (
     resolve_resume_checkpoint,
 )
 from ..training.launch import refuse_one_process_of_several
-from ..training.sharding import launch_sharding, refuse_unsupported_sharding
+from ..training.sharding import (
+    launch_sharding,
+    refuse_compiled_fgsm,
+    refuse_deepspeed_precision_mismatch,
+    refuse_unsupported_sharding,
+    refuse_zero3,
+)
 from .errors import run_command
 
 logger = logging.getLogger("hf_mocose.train")
@@ -164,14 +173,31 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 
 
 def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
-    """Fails fast when `accelerate launch` (or `--fsdp`) asks for a sharding the EMA target cannot follow:
-    FSDP1 or ZeRO-3 (FSDP2 is supported; see docs/distributed.md).
+    """Fails fast when `accelerate launch` (or `--fsdp`, `--deepspeed`) asks for a sharding the EMA target cannot
+    follow: FSDP1, ZeRO-3 (also from a DeepSpeed config file), DeepSpeed with bf16/fp16, or torch.compile + FGSM
+    under FSDP2 (FSDP2 is supported; see docs/distributed.md); and, for every method, ZeRO-3 (the model is built
+    from whole encoder weights) and a DeepSpeed precision that transformers would refuse after the model is built.
 
     The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
     launch environment is read before the model is built.
     """
+    fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
     if args.method == "mocose":
-        refuse_unsupported_sharding(f"method={args.method!r}", *launch_sharding(args))
+        refuse_unsupported_sharding(f"method={args.method!r}", fsdp_version, zero_stage, mixed_precision)
+        refuse_compiled_fgsm(fsdp_version, getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
+    refuse_zero3(zero_stage)
+    refuse_deepspeed_precision_mismatch(zero_stage, mixed_precision, args)
+
+
+def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
+    """`target_mtd`'s queue window must fit the queue over the whole eta schedule at this launch's global batch
+    (per-device batch x processes x accumulation): checked before the model and the corpus are loaded.
+    `MoCoSETrainer` checks again with the model's own `queue_size`, which a MoCoSE checkpoint keeps."""
+    if args.target_mtd is None or is_mocose_checkpoint(model_name_or_path):
+        return
+    global_batch = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+    check_target_reachable(args.target_mtd, global_batch, args.queue_size, *ema_decay_range(
+        args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
@@ -223,6 +249,7 @@ def main(argv: list[str] | None = None) -> str:
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
     check_resume_folder(args)
+    check_target_mtd_before_loading(args, script_args.model_name_or_path)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 

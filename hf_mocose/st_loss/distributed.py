@@ -38,14 +38,21 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "
+                     "it wraps, not those of the heads in the loss): launch with DDP.")
+
+
 def refuse_sharded_launch() -> None:
     """No FSDP of any version (accelerate's FSDP2 `prepare()` cannot map the optimizer state of the heads, which
-    live in the loss, onto the sharded model) and no ZeRO-3 (`sharding.refuse_unsupported_sharding`); read from
-    the accelerator, else from the launch environment (also when the loss is built, before `prepare()`)."""
+    live in the loss, onto the sharded model; `sharding.refuse_unsupported_sharding`) and no DeepSpeed (see
+    `refuse_unsupported_launch`); read from the accelerator, else from the launch environment (also when the loss
+    is built, before `prepare()`)."""
     from accelerate.state import AcceleratorState, is_initialized
 
-    sharding = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
-    refuse_unsupported_sharding("MoCoSELoss", *sharding, fsdp2_supported=False)
+    fsdp_version, zero_stage, _ = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
+    refuse_unsupported_sharding("MoCoSELoss", fsdp_version, None, fsdp2_supported=False)
+    if zero_stage is not None:
+        raise ValueError(DEEPSPEED_REFUSAL)
     refuse_one_process_of_several()  # `accelerate launch --cpu --num_processes 2` starts one
     quiet_ddp_broadcast_buffers_notice()  # sentence-transformers' ddp_broadcast_buffers=False sets it off
 
@@ -57,10 +64,8 @@ def refuse_unsupported_launch(args) -> None:
     from accelerate.utils import DistributedType
 
     refuse_sharded_launch()
-    if is_initialized():
-        if AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
-            raise ValueError("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the "
-                             "model it wraps, not those of the heads in the loss): launch with DDP.")
+    if is_initialized() and AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError(DEEPSPEED_REFUSAL)
     if getattr(args, "fp16", False) and args.max_grad_norm > 0:
         raise ValueError(f"MoCoSELoss does not support fp16 with max_grad_norm={args.max_grad_norm} (its joint clip of "
                          "model and heads reads the model's gradients while they still carry the loss scale): use "

@@ -172,7 +172,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                 )
 
     def _check_sharding(self, config) -> None:
-        """FSDP2 set-up, and a refusal of FSDP1 / ZeRO-3 for the EMA target (`sharding.configure_sharding`)."""
+        """FSDP2 set-up, and the refusals of what the EMA target cannot follow (`sharding.configure_sharding`)."""
         configure_sharding(self, config)
 
     # ----------------------------------------------------------------- optimizer

@@ -1,7 +1,8 @@
 """What both front ends (`MoCoSETrainer` and `MoCoSELoss`) share to train: the EMA callback, sharding rules, checkpoints.
 
 - `callbacks`: `EMATargetCallback`, the EMA update of the target branch after every optimizer step.
-- `sharding`: which engines the EMA target can follow (FSDP2 yes; FSDP1 and ZeRO-3 refused) and FSDP2's set-up.
+- `sharding`: which engines the EMA target can follow (FSDP2 yes; FSDP1, ZeRO-3 and DeepSpeed with bf16/fp16
+  refused), the launch-time refusals, and FSDP2's set-up.
 - `checkpoints`: which checkpoint a run resumes from, whether a folder is whole and fits the model, and the
   `training_args.json` every saved model carries (what model cards read instead of unpickling).
 - `launch`: what `accelerate launch` started (several processes asked for, one started: refused) and the

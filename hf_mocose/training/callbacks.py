@@ -60,11 +60,14 @@ class EMATargetCallback(TrainerCallback):
         """One EMA step with decay `decay`."""
         # lerp_(online, w): target += w * (online - target), i.e. eta*target + (1-eta)*online for w = 1-eta.
         target, online = self._target_params, self._online_params
+        copies, sources = self._target_buffers, self._online_buffers
         if self._sharded:  # local shards, looked up at each step: FSDP2 may re-point them (e.g. on a state-dict load)
             target, online = local_shards(target), local_shards(online)
+            # DTensor has no foreach copy; the copied parameters (shared_embeddings="module") are sharded alike.
+            copies, sources = local_shards(copies), local_shards(sources)
         torch._foreach_lerp_(target, online, 1.0 - decay)
-        if self._target_buffers:
-            torch._foreach_copy_(self._target_buffers, self._online_buffers)
+        if copies:
+            torch._foreach_copy_(copies, sources)
         self.last_decay = decay
 
     def on_train_begin(self, args, state, control, **kwargs):

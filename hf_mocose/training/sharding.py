@@ -1,4 +1,5 @@
-"""Sharded training with an EMA target: FSDP2 is supported, FSDP1 and DeepSpeed ZeRO-3 are refused.
+"""Sharded training with an EMA target: FSDP2 is supported; FSDP1, DeepSpeed ZeRO-3 and DeepSpeed with mixed
+precision are refused (ZeRO-3 for every method: the model is built from whole encoder weights).
 
 Under FSDP2 (`torch.distributed.fsdp.fully_shard`, as accelerate's FSDP plugin applies it with
 `fsdp_version: 2`) every parameter becomes a `DTensor` sharded on dim 0 (`Shard(0)`) over the
@@ -10,18 +11,24 @@ fp32 master weights the optimizer has just updated. `models.ema.check_twin_layou
 is not laid out like that (e.g. a target left unsharded), naming the parameter.
 
 What else this module does for `MoCoSETrainer` (`configure_sharding`, called once in `__init__`):
-  - refuses what the EMA cannot follow (`refuse_unsupported_sharding`): FSDP1 (flat parameters)
-    and ZeRO-3 (emptied parameters, fp32 masters inside the optimizer), pointing to FSDP2;
+  - refuses what the EMA cannot follow (`refuse_unsupported_sharding`): FSDP1 (flat parameters), ZeRO-3
+    (emptied parameters, fp32 masters inside the optimizer) and a stage it cannot read, pointing to FSDP2;
+    DeepSpeed with bf16/fp16 (it casts the whole model, the frozen target included, so the EMA would run on
+    bf16/fp16 copies), pointing to FSDP2 or DDP with bf16; and torch.compile + FGSM under FSDP2
+    (`refuse_compiled_fgsm`);
   - under mixed precision, makes the target fp32 like the online master weights accelerate keeps;
   - adds `ShardedModelCallback`: after `accelerator.prepare()`, `embed` (evaluation) becomes an FSDP
     forward method and the replicated buffers (the key queue) start from rank 0's;
 (`MoCoSETrainer.save_model` under `SHARDED_STATE_DICT` is completed by `hf_mocose.trainer.sharded_save`.)
+The same rules are read from the launch environment before any model is built (`launch_sharding`).
 The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -31,59 +38,143 @@ from ..models.ema import is_sharded
 
 FSDP2_CONFIG = "configs/accelerate/fsdp2.yaml"
 EMBED_METHOD = "embed"
+ZERO_STAGE_UNKNOWN = -1  # DeepSpeed is on, but no ZeRO stage could be read from its settings
+MIXED_PRECISIONS = ("bf16", "fp16", "fp8")
 
 
 def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
-                                fsdp2_supported: bool = True) -> None:
+                                mixed_precision: str = "no", *, fsdp2_supported: bool = True) -> None:
     """Refuses the sharding strategies the EMA target cannot follow, before any training step.
 
     Args:
         owner: what refuses, for the message (e.g. "method='mocose'", "MoCoSELoss").
         fsdp_version: 1 or 2 under FSDP, None otherwise.
-        zero_stage: the DeepSpeed ZeRO stage, None without DeepSpeed.
+        zero_stage: the DeepSpeed ZeRO stage (`ZERO_STAGE_UNKNOWN` when it could not be read), None without DeepSpeed.
+        mixed_precision: "no", "bf16", "fp16" or "fp8" (accelerate's names).
         fsdp2_supported: False for a front end that cannot run under FSDP2 either (`MoCoSELoss`).
     """
     if fsdp_version is not None and not (fsdp_version == 2 and fsdp2_supported):
         if not fsdp2_supported:
             raise ValueError(
                 f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the sharded "
-                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP or "
-                "DeepSpeed ZeRO-1/2, or shard with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
+                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP, or shard "
+                "with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
             )
         raise ValueError(
             f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot follow): "
-            f"use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP / DeepSpeed ZeRO-1/2."
+            f"use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP."
+        )
+    if zero_stage == ZERO_STAGE_UNKNOWN:
+        raise ValueError(
+            f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read (zero_optimization.stage), and "
+            f"ZeRO-3 is not supported: set the stage to 0, 1 or 2 explicitly, or shard with FSDP2 ({FSDP2_CONFIG})."
         )
     if zero_stage == 3:
         raise ValueError(
             f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target interpolates): "
-            f"shard with FSDP2 instead ({FSDP2_CONFIG}), or use zero_stage 1 or 2 (configs/accelerate/zero2.yaml)."
+            f"shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP."
+        )
+    if zero_stage is not None and mixed_precision in MIXED_PRECISIONS:
+        half = "fp16" if mixed_precision == "fp16" else "bf16"  # fp8 runs on bf16 under DeepSpeed
+        raise ValueError(
+            f"{owner} does not support DeepSpeed (ZeRO stage {zero_stage}) with mixed_precision {mixed_precision}: "
+            f"DeepSpeed casts the whole model to {half}, the EMA target included, and the EMA's small steps would "
+            f"round away. Use FSDP2 ({FSDP2_CONFIG}) or DDP (configs/accelerate/ddp.yaml) with {mixed_precision}, "
+            "which keep the target fp32, or DeepSpeed with mixed_precision: no."
         )
 
 
-def accelerator_sharding(state) -> tuple[int | None, int | None]:
-    """`(fsdp_version, zero_stage)` of an `AcceleratorState` (None for what is not in use)."""
+def refuse_compiled_fgsm(fsdp_version: int | None, torch_compile: bool, fgsm_mode: str) -> None:
+    """torch.compile + FGSM under FSDP2: with a compiled model FGSM looks the word embeddings up itself, before
+    the model's forward, and FSDP2 runs its sharded word-embedding unit only inside the root module's forward."""
+    if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
+        raise ValueError(
+            f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM would look up the "
+            "sharded word embeddings outside the root module's forward): set fgsm_mode off or torch_compile false "
+            "under FSDP2, or train the compiled FGSM run with DDP (configs/accelerate/ddp.yaml)."
+        )
+
+
+def refuse_zero3(zero_stage: int | None) -> None:
+    """DeepSpeed ZeRO-3 (or a stage that cannot be read), for every method: transformers then loads the encoder
+    partitioned, and `MoCoSEModel` is built by copying the encoder's weights into its branches and heads."""
+    if zero_stage in (3, ZERO_STAGE_UNKNOWN):
+        stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
+        raise ValueError(
+            f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder partitioned "
+            "(empty tensors on every rank), and MoCoSEModel is built by copying the encoder's weights into its "
+            f"branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO stage 1 or 2."
+        )
+
+
+def refuse_deepspeed_precision_mismatch(zero_stage: int | None, mixed_precision: str, args) -> None:
+    """Under DeepSpeed, transformers requires `bf16`/`fp16` in the training arguments to match the precision the
+    launch gives DeepSpeed (`mixed_precision: bf16` in configs/accelerate/zero2.yaml); it otherwise stops once the
+    model is built and the data tokenised. Any method."""
+    half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
+    if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
+        raise ValueError(
+            f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) needs "
+            f"{half}: true in the training arguments, which transformers checks against DeepSpeed's config: add "
+            f"--{half} true, or launch with --mixed_precision no."
+        )
+
+
+def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
+    """`(fsdp_version, zero_stage, mixed_precision)` of an `AcceleratorState` (None for what is not in use)."""
     from accelerate.utils import DistributedType
 
     plugin = getattr(state, "fsdp_plugin", None)
     fsdp_version = getattr(plugin, "fsdp_version", 1) if state.distributed_type == DistributedType.FSDP else None
     deepspeed = getattr(state, "deepspeed_plugin", None) if state.distributed_type == DistributedType.DEEPSPEED else None
-    return fsdp_version, (deepspeed.zero_stage if deepspeed is not None else None)
+    mixed_precision = str(getattr(state, "mixed_precision", "no"))
+    if deepspeed is None:
+        return fsdp_version, None, mixed_precision
+    # Under DeepSpeed accelerate's state says "no" and leaves the precision to the DeepSpeed config.
+    _, stated_precision = deepspeed_config_settings(getattr(deepspeed, "deepspeed_config", None) or {})
+    return fsdp_version, deepspeed.zero_stage, stated_precision or mixed_precision
 
 
-def launch_sharding(args=None) -> tuple[int | None, int | None]:
-    """`(fsdp_version, zero_stage)` that `accelerate launch` (its environment) or the training arguments
-    (`fsdp`, `fsdp_config`) ask for, read before any model is built."""
+def deepspeed_config_settings(config) -> tuple[int, str | None]:
+    """`(zero_stage, mixed_precision)` a DeepSpeed config states: a JSON file path or a dict, as
+    `TrainingArguments.deepspeed` and accelerate's `deepspeed_config_file` give it. The stage is
+    `zero_optimization.stage` (0, DeepSpeed's default, when absent; `ZERO_STAGE_UNKNOWN` when unreadable);
+    the precision "bf16"/"fp16" when its section says `enabled: true` (None for "auto" or absent)."""
+    if not isinstance(config, dict):
+        try:
+            config = json.loads(Path(config).read_text())
+        except (OSError, ValueError):
+            return ZERO_STAGE_UNKNOWN, None
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    stage = int(stage) if str(stage).isdigit() else ZERO_STAGE_UNKNOWN
+    enabled = [name for name in ("bf16", "fp16") if (config.get(name) or {}).get("enabled") is True]
+    return stage, (enabled[0] if enabled else None)
+
+
+def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
+    """`(fsdp_version, zero_stage, mixed_precision)` that `accelerate launch` (its environment) or the training
+    arguments (`fsdp`, `fsdp_config`, `deepspeed`, `bf16`/`fp16`) ask for, read before any model is built."""
     fsdp_version = zero_stage = None
     plugin_args = getattr(args, "fsdp_plugin_args", None) if args is not None else None
     if plugin_args:
         fsdp_version = int(plugin_args.get("fsdp_version", 1))
     elif os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
         fsdp_version = int(os.environ.get("FSDP_VERSION", "1"))  # accelerate's own default
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true") or "ACCELERATE_DEEPSPEED_ZERO_STAGE" in os.environ:
-        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-        zero_stage = int(stage) if stage and stage.isdigit() else None
-    return fsdp_version, zero_stage
+    mixed_precision = getattr(args, "mixed_precision", None) or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if getattr(args, "bf16", False) or getattr(args, "fp16", False):
+        mixed_precision = "bf16" if args.bf16 else "fp16"
+    ds_config = getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    ds_config = None if ds_config == "none" else ds_config  # accelerate's word for no file
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if ds_config or stage is not None or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+        if ds_config:  # the file's stage wins over accelerate's zero_stage, as in accelerate's DeepSpeedPlugin
+            zero_stage, stated_precision = deepspeed_config_settings(ds_config)
+            if mixed_precision not in MIXED_PRECISIONS and stated_precision:
+                mixed_precision = stated_precision
+        else:
+            stage = stage or "2"  # accelerate's DeepSpeedPlugin default
+            zero_stage = int(stage) if stage.isdigit() else ZERO_STAGE_UNKNOWN
+    return fsdp_version, zero_stage, str(mixed_precision)
 
 
 def match_target_to_master_weights(model: nn.Module) -> list[str]:
@@ -132,9 +223,11 @@ def broadcast_replicated_buffers(model: nn.Module, src: int = 0) -> None:
 
 def configure_sharding(trainer, config) -> None:
     """`MoCoSETrainer.__init__`'s sharding set-up (see the module docstring); a no-op without FSDP/DeepSpeed."""
-    fsdp_version, zero_stage = accelerator_sharding(trainer.accelerator.state)
+    fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
     if config.uses_target:
-        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage)
+        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage, mixed_precision)
+        refuse_compiled_fgsm(fsdp_version, trainer.args.torch_compile, trainer.args.fgsm_mode)
+    refuse_zero3(zero_stage)
     if fsdp_version == 2:
         if config.uses_target and trainer.accelerator.mixed_precision != "no":
             match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
