@@ -186,7 +186,7 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     assert -100 <= written["before"]["stsb_dev"] <= 100
     assert list(written["variants"]) == ["mocose", "mocose_identity_head_lr", "custom", "simcse", "st_mnrl", "st_mocose",
                                          "st_custom", "bf16", "st_bf16"]
-    assert [run["precision"] for run in written["details"]["bf16"]] == ["bf16", "bf16"]  # checked by its autocast
+    assert [run["precision"] for run in written["details"]["bf16"]] == ["bf16", "bf16"]  # its autocast, checked
     assert {run["precision"] for name in ("mocose", "st_mocose") for run in written["details"][name]} == {"fp32"}
     assert written["variants"]["custom"]["overrides"] == {"method": "mocose", "head_init": "identity", "fgsm_mode": "off"}
     for name, entry in written["variants"].items():
