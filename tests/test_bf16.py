@@ -1,8 +1,9 @@
 """bf16 autocast on the CPU, both front ends: the EMA target's no-grad forward runs under the online forward's
 autocast, the EMA target itself stays fp32 and moves by the exact fp32 lerp, and resume is exact.
 
-(Under FSDP2's bf16 mixed precision the same holds for `MoCoSETrainer`: tests/test_fsdp.py,
-`test_ema_lerps_local_shards_without_communication` and `test_full_state_dict_resume_is_exact_under_bf16_mixed_precision`.)
+(Under FSDP2's bf16 mixed precision the same holds for `MoCoSETrainer`: tests/test_fsdp.py checks the target's
+dtype and every EMA step's in `test_ema_lerps_local_shards_without_communication` and
+`test_full_state_dict_resume_is_exact_under_bf16_mixed_precision`.)
 """
 
 import pytest
@@ -118,3 +119,45 @@ def test_resume_is_exact_under_bf16_with_mocose_loss(tiny_encoder, tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert _losses(resumed)[-3:] == pytest.approx(losses[-3:], abs=1e-5)
     _assert_states_equal(_loss_state(resumed), state, atol=1e-5)
+
+
+# ----------------------------------------------------------------- `bf16: auto` (the quickstart recipe)
+@pytest.mark.parametrize("native, flags, expected, note", [
+    (True, [], True, "bf16: auto -> bf16 autocast: this CPU computes bf16 natively"),
+    (False, [], False, "bf16: auto -> fp32: this CPU has no native bf16"),
+    (True, ["--bf16", "false"], False, None),
+    (False, ["--bf16", "true", "--use_cpu", "true"], True, None),
+    (True, ["--bf16=False"], False, None),
+], ids=["native", "emulated", "user_false_wins", "user_true_wins", "user_equals_form"])
+def test_auto_bf16_picks_bf16_on_a_cpu_with_native_bf16_and_the_users_flag_wins(monkeypatch, capsys, tmp_path, native,
+                                                                                flags, expected, note):
+    from hf_mocose.commands.train import parse_args
+    from hf_mocose.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path}\nbf16: auto\n")
+    _, args = parse_args([str(recipe), *flags])
+    assert args.bf16 is expected and (args.mixed_precision == "bf16") is expected
+    printed = capsys.readouterr().out
+    assert (note in printed) if note else "bf16: auto" not in printed
+
+
+def test_auto_bf16_from_the_command_line_and_in_the_quickstart_recipe(monkeypatch, tmp_path):
+    from conftest import REPO_ROOT
+
+    from hf_mocose.commands.train import parse_args
+    from hf_mocose.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert parse_args(["--output_dir", str(tmp_path), "--bf16", "auto"])[1].bf16
+    assert parse_args([str(REPO_ROOT / "training_args" / "quickstart.yaml"), "--output_dir", str(tmp_path)])[1].bf16
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert not parse_args([str(REPO_ROOT / "training_args" / "quickstart.yaml"), "--output_dir", str(tmp_path)])[1].bf16
+
+
+def test_auto_bf16_stays_fp32_off_the_cpu():
+    from hf_mocose.training.precision import choose_auto_bf16
+
+    chosen, why = choose_auto_bf16(torch.device("cuda"))
+    assert not chosen and "training on cuda" in why
