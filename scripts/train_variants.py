@@ -1,18 +1,37 @@
-"""The trainers scripts/benchmark_train.py times, one per variant, and the sentences they train on.
+"""The trainers scripts/benchmark_train.py times, one per variant and precision, and the sentences they train on.
 
-See that script's docstring for what each variant is; `build_trainer(variant, ...)` returns a ready
-`Trainer` whose `train()` runs `cfg.warmup + cfg.steps` optimizer steps.
+See that script's docstring for what each variant is; `build_trainer(name, ...)` returns a ready
+`Trainer` whose `train()` runs `cfg.warmup + cfg.steps` optimizer steps. A name is a variant in fp32
+(`mocose_previous`) or under bf16 autocast (`mocose_previous_bf16`: the Trainer's `bf16=True`, as users set it).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 from turn_taking import sync_device
 
 VARIANTS = ("plain", "floor", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
+PRECISIONS = ("fp32", "bf16")
+
+
+def variant_name(variant: str, precision: str) -> str:
+    """`plain`, `plain_bf16`, ...: the fp32 names are the variants' own."""
+    return variant if precision == "fp32" else f"{variant}_{precision}"
+
+
+def split_variant_name(name: str) -> tuple[str, str]:
+    """The inverse of `variant_name`: `(variant, precision)`."""
+    for precision in PRECISIONS[1:]:
+        if name.endswith(f"_{precision}") and name[: -len(precision) - 1] in VARIANTS:
+            return name[: -len(precision) - 1], precision
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}, optionally with _bf16")
+    return name, "fp32"
 
 
 def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: int) -> tuple[list[str], bool]:
@@ -40,9 +59,11 @@ def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: i
     return pool[:n], False
 
 
-def _common_args(cfg, output_dir: str) -> dict:
+def _common_args(cfg, output_dir: str, precision: str = "fp32") -> dict:
     return dict(
         output_dir=output_dir,
+        # autocast, as users switch it on: a `_bf16` variant name, or `cfg.bf16` (scripts/gpu_check.py sets it)
+        bf16=precision == "bf16" or getattr(cfg, "bf16", False),
         per_device_train_batch_size=cfg.batch_size,
         max_steps=cfg.warmup + cfg.steps,
         learning_rate=3e-5,
@@ -52,7 +73,6 @@ def _common_args(cfg, output_dir: str) -> dict:
         eval_strategy="no",
         report_to="none",
         use_cpu=cfg.device == "cpu",
-        bf16=getattr(cfg, "bf16", False),  # autocast, as users switch it on (scripts/gpu_check.py sets it)
         seed=cfg.seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -60,8 +80,8 @@ def _common_args(cfg, output_dir: str) -> dict:
     )
 
 
-def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], output_dir: str, **overrides):
-    """The trainer for one variant; returns (trainer, ema_callback or None).
+def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_dir: str, **overrides):
+    """The trainer for one variant and precision (`variant_name`); returns (trainer, ema_callback or None).
 
     `overrides`: further `TrainingArguments` fields, e.g. `optim`, `fsdp`, `torch_compile`, or for the
     `MoCoSETrainer` variants `MoCoSETrainingArguments` ones (`encoder_dropout`, `queue_init_size`, ...).
@@ -69,6 +89,9 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
     from datasets import Dataset
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
+    from hf_mocose.training.precision import recorded_autocast
+
+    variant, precision = split_variant_name(name)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if variant == "st_mnrl":
         from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
@@ -80,7 +103,7 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
         hidden = transformer.auto_model.config.hidden_size
         model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
         dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-        args = SentenceTransformerTrainingArguments(**{**_common_args(cfg, output_dir), **overrides})
+        args = SentenceTransformerTrainingArguments(**{**_common_args(cfg, output_dir, precision), **overrides})
         trainer = SentenceTransformerTrainer(
             model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model, scale=20.0)
         )
@@ -95,16 +118,17 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
             frozen_copy = None  # "floor": an encoder copy run without gradient, like MoCoSE's target
 
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                if self.frozen_copy is not None:
-                    with torch.no_grad():
+                with recorded_autocast(next(model.children())) as autocast:  # a module inside the patched forward
+                    cls = model(**inputs).last_hidden_state[:, 0]
+                if self.frozen_copy is not None:  # as MoCoSE's target: no gradient, the online forward's autocast
+                    with torch.no_grad(), autocast.state.context():
                         self.frozen_copy(**inputs)
-                cls = model(**inputs).last_hidden_state[:, 0]
                 loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
                 return (loss, cls) if return_outputs else loss
 
         model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
         collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
-        args = TrainingArguments(**{**_common_args(cfg, output_dir), **overrides})
+        args = TrainingArguments(**{**_common_args(cfg, output_dir, precision), **overrides})
         trainer = PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator)
         if variant == "floor":
             frozen = AutoModel.from_pretrained(model_path, add_pooling_layer=False).to(args.device).train()
@@ -118,8 +142,8 @@ def build_trainer(variant: str, cfg, model_path: str, sentences: list[str], outp
     method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
                     "mocose_exact": ("mocose", "exact")}[variant]
     args = MoCoSETrainingArguments(**{
-        **_common_args(cfg, output_dir), "method": method, "fgsm_mode": fgsm, "max_seq_length": cfg.max_seq_length,
-        "queue_size": cfg.queue_size, "queue_init_size": min(128, cfg.queue_size), "pad_to_max_length": True,
+        **_common_args(cfg, output_dir, precision), "method": method, "fgsm_mode": fgsm,
+        "max_seq_length": cfg.max_seq_length, "queue_size": cfg.queue_size, "queue_init_size": min(128, cfg.queue_size), "pad_to_max_length": True,
         "sentence_pooling": "cls", **overrides,
     })
     model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
@@ -141,3 +165,52 @@ def time_ema(ema_callback, device: torch.device) -> list[float]:
 
     ema_callback.update = timed
     return times
+
+
+def encoders_of(trainer) -> dict:
+    """role -> the encoder modules a variant's step runs (online, and the no-grad copy where there is one)."""
+    model = trainer.model
+    if hasattr(model, "online_encoder"):  # MoCoSETrainer
+        roles = {"online": model.online_encoder}
+        if model.config.uses_target:
+            roles["target"] = model.target_encoder
+        return roles
+    if hasattr(model, "transformers_model"):  # sentence-transformers (+ MoCoSELoss: its target)
+        loss = getattr(trainer, "loss", None)
+        return {"online": model[0], **({"target": loss.target_encoder[0]} if hasattr(loss, "target_encoder") else {})}
+    roles = {"online": next(model.children())}  # inside forward: accelerate's autocast wraps `forward` itself
+    if getattr(trainer, "frozen_copy", None) is not None:
+        roles["target"] = trainer.frozen_copy
+    return roles
+
+
+class AutocastRecorder(TrainerCallback):
+    """Records, per encoder role, the autocast dtype its forwards ran under in training steps ("off": none).
+
+    Trainers of one process share accelerate's process-wide state; `problem(precision)` says whether each one
+    really ran the precision it was built for. Add it before callbacks that evaluate in `on_step_end`."""
+
+    def __init__(self, trainer, device: torch.device):
+        self.seen: dict[str, set] = {}
+        self.active = False
+        self.device_type = device.type
+        for role, module in encoders_of(trainer).items():
+            module.register_forward_pre_hook(functools.partial(self._record, role))
+
+    def _record(self, role, module, args):
+        if self.active:
+            enabled = torch.is_autocast_enabled(self.device_type)
+            dtype = str(torch.get_autocast_dtype(self.device_type)).removeprefix("torch.") if enabled else "off"
+            self.seen.setdefault(role, set()).add(dtype)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.active = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.active = False
+
+    def problem(self, precision: str) -> str | None:
+        """An error message when the encoders did not all run `precision` ("fp32" or "bf16"); None when they did."""
+        expected = {"fp32": "off", "bf16": "bfloat16"}[precision]
+        wrong = {role: sorted(dtypes) for role, dtypes in self.seen.items() if dtypes != {expected}}
+        return f"autocast {wrong}, expected {expected!r} everywhere" if wrong or not self.seen else None

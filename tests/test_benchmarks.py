@@ -119,15 +119,32 @@ def test_benchmark_train_smoke(tiny_encoder, corpus, tmp_path):
     summary = bench.main([
         "--model", tiny_encoder, "--corpus", corpus, "--steps", "2", "--warmup", "1", "--batch_size", "4",
         "--max_seq_length", "16", "--queue_size", "16", "--no_memory", "--json", str(out),
+        "--markdown", str(tmp_path / "train.md"),
     ])
     assert not summary["errors"]
     written = json.loads(out.read_text())
-    assert set(written["ms_per_step"]) == set(bench.VARIANTS)
+    assert set(written["ms_per_step"]) == set(bench.VARIANTS) | {f"{v}_bf16" for v in bench.VARIANTS}  # both precisions
     assert all(v > 0 for v in written["ms_per_step"].values())
-    for key in ("mocose_over_plain", "mocose_over_floor", "mocose_over_simcse", "mocose_throughput_over_st"):
+    for key in ("mocose_over_plain", "mocose_over_floor", "mocose_over_simcse", "mocose_throughput_over_st",
+                "mocose_bf16_over_plain_fp32", "mocose_bf16_over_floor_bf16", "plain_bf16_over_plain_fp32"):
         assert written[key] > 0
-    assert written["steps_timed"]["mocose_previous"] == 2
-    assert 0 < written["ema_fraction_of_step"]["mocose_previous"] < 1
+    assert set(written["bf16_over_fp32"]) == set(bench.VARIANTS)
+    assert written["steps_timed"]["mocose_previous"] == written["steps_timed"]["mocose_previous_bf16"] == 2
+    assert 0 < written["ema_fraction_of_step"]["mocose_previous_bf16"] < 1
+    # every encoder ran the precision its trainer was built for, the no-grad copies included
+    assert written["autocast"]["mocose_previous_bf16"] == {"online": ["bfloat16"], "target": ["bfloat16"]}
+    assert written["autocast"]["floor_bf16"] == {"online": ["bfloat16"], "target": ["bfloat16"]}
+    assert written["autocast"]["floor"] == {"online": ["off"], "target": ["off"]}
+    assert "| mocose_previous | " in (tmp_path / "train.md").read_text()  # the fp32 / bf16 side-by-side table
+
+
+def test_autocast_recorder_names_a_trainer_that_ran_another_precision():
+    variants = _load("train_variants")
+    recorder = variants.AutocastRecorder.__new__(variants.AutocastRecorder)
+    recorder.seen = {"online": {"bfloat16"}, "target": {"off"}}
+    assert "'target': ['off']" in recorder.problem("bf16")
+    recorder.seen = {"online": {"off"}, "target": {"off"}}
+    assert recorder.problem("fp32") is None and recorder.problem("bf16")
 
 
 @pytest.mark.slow
@@ -155,7 +172,8 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     out, table = tmp_path / "quality.json", tmp_path / "quality.md"
     variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl",
-                "st_mocose", "st_custom:front_end=st,ema_decay_start=0.9,learning_rate=1e-5"]
+                "st_mocose", "st_custom:front_end=st,ema_decay_start=0.9,learning_rate=1e-5", "bf16:bf16=true",
+                "st_bf16:front_end=st,bf16=true"]
     summary = quality.main([
         "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
         "--seeds", "0", "1", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
@@ -167,7 +185,9 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
     assert written["tasks"] == ["stsb_dev"]  # only the sets present are scored
     assert -100 <= written["before"]["stsb_dev"] <= 100
     assert list(written["variants"]) == ["mocose", "mocose_identity_head_lr", "custom", "simcse", "st_mnrl", "st_mocose",
-                                         "st_custom"]
+                                         "st_custom", "bf16", "st_bf16"]
+    assert [run["precision"] for run in written["details"]["bf16"]] == ["bf16", "bf16"]  # its autocast, checked
+    assert {run["precision"] for name in ("mocose", "st_mocose") for run in written["details"][name]} == {"fp32"}
     assert written["variants"]["custom"]["overrides"] == {"method": "mocose", "head_init": "identity", "fgsm_mode": "off"}
     for name, entry in written["variants"].items():
         assert len(entry["stsb_dev"]["per_seed"]) == 2 and entry["stsb_dev"]["std"] >= 0

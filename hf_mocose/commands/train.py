@@ -34,6 +34,7 @@ from ..training.checkpoints import (
     resolve_resume_checkpoint,
 )
 from ..training.launch import refuse_one_process_of_several
+from ..training.precision import AUTO, choose_auto_bf16
 from ..training.sharding import (
     launch_sharding,
     refuse_compiled_fgsm,
@@ -138,11 +139,41 @@ def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) 
             action.type = _null_or(action.type)
 
 
+def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
+    """Whether precision is left to `auto` (`bf16: auto` in the recipe, or `--bf16 auto`); takes the `auto` out of
+    both. An explicit `--bf16 true/false` wins over a recipe's `auto`."""
+    auto = str(recipe.get("bf16")).lower() == AUTO
+    if auto:
+        del recipe["bf16"]
+    for i, arg in enumerate(argv):
+        if arg == "--bf16" or arg.startswith("--bf16="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.lower() != AUTO:
+                return False  # the user's own choice
+            del argv[i : i + (1 if "=" in arg else 2)]
+            return True
+    return auto
+
+
+def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args: MoCoSETrainingArguments):
+    """`bf16: auto`: bf16 autocast where training runs on a CPU with native bf16 (`choose_auto_bf16`), fp32
+    elsewhere; says which in one line. Returns the (re-parsed, when bf16 is chosen) argument dataclasses."""
+    chosen, why = choose_auto_bf16(training_args.device)
+    if training_args.process_index == 0:
+        print(f"bf16: auto -> {'bf16 autocast' if chosen else 'fp32'}: {why}. --bf16 true/false decides instead.")
+    if not chosen:
+        return None
+    parser.set_defaults(bf16=True, use_cpu=True)  # on the CPU already; transformers wants use_cpu for CPU bf16
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
-    """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses."""
+    """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses (`bf16: auto`: see
+    `_resolve_auto_bf16`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments))
     accept_null_for_optional_numbers(parser, (ScriptArguments, MoCoSETrainingArguments))
+    recipe: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
         recipe_path = Path(argv.pop(0))
         if not recipe_path.is_file():
@@ -152,11 +183,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         unknown = sorted(set(recipe) - known)
         if unknown:
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
+    auto_bf16 = _take_auto_bf16(argv, recipe)
+    if recipe:
         for action in parser._actions:
             if action.dest in recipe:
                 action.required = False
         parser.set_defaults(**recipe)
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if auto_bf16:
+        script_args, training_args = _resolve_auto_bf16(parser, argv, training_args) or (script_args, training_args)
     if script_args.streaming:
         if training_args.max_steps <= 0:
             raise ValueError("--streaming true reads the corpus as training goes, without counting it first: set "

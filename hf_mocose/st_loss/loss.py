@@ -29,6 +29,7 @@ from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
 from ..models.losses import ContrastiveLossOutput, info_nce_loss
 from ..models.queue import KeyQueue
+from ..training.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback, check_training_data
 from .checkpoint import load_loss_state, save_loss_state
 from .distributed import rank_and_world, refuse_sharded_launch
@@ -271,27 +272,30 @@ class MoCoSELoss(nn.Module):
         self.target_head.train(target_dropout)
         anchor, positive = features[0], features[-1]
         perturbation = self._fgsm_perturbation(anchor, positive) if training else None
-        query, words = self._queries(self.model, anchor, perturbation)
+        query, words, autocast = self._queries(self.model, anchor, perturbation)
         if training:
             self.fgsm.track(words)
         same_input = len(features) == 1 and self.fgsm.perturb_target  # the target reads the perturbed anchor too
-        result, keys = self._contrast(query, self._keys(positive, perturbation if same_input else None))
+        result, keys = self._contrast(query, self._keys(positive, perturbation if same_input else None, autocast))
         if training:  # after the loss: it never sees its own keys
             self.queue.enqueue(keys)
             self.callback.head_gradients.watch(result.loss, self.online_model, self.online_head)
         return result.loss
 
     def _queries(self, model: nn.Module, features: dict, perturbation: Tensor | None):
-        """`(B, D)` queries, and the `(B, L, H)` word embeddings they came from (None when FGSM is off)."""
-        with self._perturbed(self.online_model, perturbation) as captured:
+        """`(B, D)` queries, the `(B, L, H)` word embeddings they came from (None when FGSM is off), and the
+        autocast the model's forward ran under (accelerate's, under `bf16=True`)."""
+        with self._perturbed(self.online_model, perturbation) as captured, \
+                recorded_autocast(self.online_model[0]) as autocast:
             embeddings = model(dict(features))["sentence_embedding"]  # a copy: modules write into the dict
-        return self.online_head(embeddings), captured.get("words")
+        return self.online_head(embeddings), captured.get("words"), autocast.state
 
     @torch.no_grad()
-    def _keys(self, features: dict, perturbation: Tensor | None) -> Tensor:
-        """`(B, D)` target keys."""
-        with self._perturbed(self.target_encoder, perturbation):
-            return self.target_head(self.target_encoder(dict(features))["sentence_embedding"])
+    def _keys(self, features: dict, perturbation: Tensor | None, autocast: AutocastState) -> Tensor:
+        """`(B, D)` target keys, computed under the online forward's `autocast` (the weights stay fp32)."""
+        with self._perturbed(self.target_encoder, perturbation), autocast.context():
+            keys = self.target_head(self.target_encoder(dict(features))["sentence_embedding"])
+        return keys.float()  # as accelerate returns the online forward's outputs: fp32 (of bf16 values)
 
     @contextmanager
     def _perturbed(self, encoder: SentenceTransformer, perturbation: Tensor | None):
@@ -316,8 +320,8 @@ class MoCoSELoss(nn.Module):
             return self.fgsm.previous_perturbation(torch.Size((*anchor["input_ids"].shape, width)))
         if self.fgsm.mode == "exact":
             # Extra pass on the unwrapped model: autograd.grad reaches only the embeddings, so DDP's hooks never fire.
-            query, words = self._queries(self.online_model, anchor, None)
-            clean, _ = self._contrast(query, self._keys(positive, None))
+            query, words, autocast = self._queries(self.online_model, anchor, None)
+            clean, _ = self._contrast(query, self._keys(positive, None, autocast))
             (gradient,) = torch.autograd.grad(clean.loss, words)
             return self.fgsm.step(gradient, words)
         return None

@@ -7,6 +7,8 @@
   `training_args.json` every saved model carries (what model cards read instead of unpickling).
 - `launch`: what `accelerate launch` started (several processes asked for, one started: refused) and the
   library notices hf-mocose's own settings set off.
+- `precision`: mixed precision: the target's no-grad forward under the online forward's autocast (`MoCoSELoss`),
+  and whether this CPU computes bf16 natively (`bf16: auto`, the quickstart's).
 
 May import: `hf_mocose.models`, `hf_mocose.methods`, `hf_mocose.data`. Never the front ends, publishing,
 evaluation or the command line.

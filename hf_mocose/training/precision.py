@@ -1,0 +1,90 @@
+"""Mixed precision: the target's no-grad forward under the online forward's autocast, and native bf16 detection.
+
+With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`:
+matrix products run in the low-precision dtype, the weights stay fp32. The EMA target's forward is
+half of the compute that has no backward, so it must run under the same autocast, while its weights
+stay fp32: the EMA moves them by (1 - eta) * delta per step, which bf16 would round away.
+
+- `MoCoSETrainer`: the target branch runs inside `MoCoSEModel.forward`, so accelerate's autocast covers
+  it with nothing added here.
+- `MoCoSELoss`: the loss calls its target encoder itself, outside the model's `forward`.
+  `recorded_autocast` reads the autocast the online model's forward ran under (a forward pre-hook on
+  one of its modules, for the length of the call), and `AutocastState.context()` enters the same one
+  around the target's forward. One code path for CPU and CUDA autocast: the state names its device type.
+
+`cpu_has_native_bf16` says whether this CPU computes bf16 natively (what `scripts/train.py` reads to
+pick the quickstart's precision).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+AUTO = "auto"  # `bf16: auto` in a recipe (the quickstart's): `choose_auto_bf16` decides
+# torch's probes (cpuinfo) of x86 bf16 arithmetic: AVX512-BF16 dot products, AMX tiles.
+NATIVE_BF16_CPU_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    """The autocast a forward ran under: `dtype` on `device_type`, or none (`dtype=None`)."""
+
+    device_type: str = "cpu"
+    dtype: torch.dtype | None = None
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """`torch.autocast` as recorded; with `dtype=None` autocast is off inside (also under an outer one)."""
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+
+class _AutocastRecording:
+    state = AutocastState()
+
+
+@contextlib.contextmanager
+def recorded_autocast(module: nn.Module) -> Iterator[_AutocastRecording]:
+    """While the block runs, records (in the yielded object's `state`) the autocast `module`'s forward runs under.
+
+    `module` is one the online model's `forward` calls (e.g. a `SentenceTransformer`'s first module), so the
+    record is the autocast accelerate put around that `forward` (or a user's own `torch.autocast` block). Not
+    the model itself: accelerate wraps its `forward`, and a module's hooks run outside its `forward`.
+    """
+    recording = _AutocastRecording()
+
+    def hook(mod, args):
+        parameter = next(mod.parameters(), None)
+        device_type = parameter.device.type if parameter is not None else "cpu"
+        enabled = torch.is_autocast_enabled(device_type)
+        recording.state = AutocastState(device_type, torch.get_autocast_dtype(device_type) if enabled else None)
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        yield recording
+    finally:
+        handle.remove()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's cpuinfo reads them), so that bf16
+    autocast is worth choosing by default there (measured on an AVX512-BF16 CPU: docs/performance.md). Elsewhere
+    bf16 is emulated and was not measured here; a torch without these probes answers False."""
+    probes = [getattr(torch.cpu, name, None) for name in NATIVE_BF16_CPU_PROBES]
+    return any(probe() for probe in probes if probe is not None)
+
+
+def choose_auto_bf16(device: torch.device) -> tuple[bool, str]:
+    """What `bf16: auto` (the quickstart recipe's) resolves to for training on `device`, and why.
+
+    bf16 autocast on a CPU that computes bf16 natively (measured there: about 0.6x the fp32 step time at the same
+    STS quality, docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here).
+    """
+    if device.type != "cpu":
+        return False, f"training on {device.type}; auto picks bf16 only on CPUs with native bf16 (measured there)"
+    if cpu_has_native_bf16():
+        return True, "this CPU computes bf16 natively (AVX512-BF16 or AMX)"
+    return False, "this CPU has no native bf16 (neither AVX512-BF16 nor AMX)"

@@ -1,0 +1,163 @@
+"""bf16 autocast on the CPU, both front ends: the EMA target's no-grad forward runs under the online forward's
+autocast, the EMA target itself stays fp32 and moves by the exact fp32 lerp, and resume is exact.
+
+(Under FSDP2's bf16 mixed precision the same holds for `MoCoSETrainer`: tests/test_fsdp.py checks the target's
+dtype and every EMA step's in `test_ema_lerps_local_shards_without_communication` and
+`test_full_state_dict_resume_is_exact_under_bf16_mixed_precision`.)
+"""
+
+import pytest
+import torch
+from conftest import make_st_trainer, make_trainer
+from test_st_loss import _losses
+from test_st_loss_runs import _assert_states_equal, _loss_state, _resume_setup
+
+from hf_mocose.training.precision import AutocastState, cpu_has_native_bf16, recorded_autocast
+
+FRONT_ENDS = ["trainer", "st"]
+
+
+# ----------------------------------------------------------------- the helpers
+def test_recorded_autocast_reads_the_autocast_inside_the_forward():
+    outer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with recorded_autocast(outer[0]) as plain:
+        outer(torch.ones(2, 4))
+    with recorded_autocast(outer[0]) as mixed, torch.autocast("cpu", dtype=torch.bfloat16):
+        outer(torch.ones(2, 4))
+    assert plain.state == AutocastState("cpu", None)
+    assert mixed.state == AutocastState("cpu", torch.bfloat16)
+    assert not outer[0]._forward_pre_hooks  # the hook lives as long as the block
+
+
+def test_autocast_state_enters_the_recorded_autocast_and_none_turns_it_off():
+    linear = torch.nn.Linear(4, 4)
+    with AutocastState("cpu", torch.bfloat16).context():
+        assert linear(torch.ones(1, 4)).dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16), AutocastState("cpu", None).context():
+        assert linear(torch.ones(1, 4)).dtype == torch.float32  # the online forward ran without: so does the target
+
+
+@pytest.mark.parametrize("probes", [{"_is_avx512_bf16_supported": True}, {"_is_amx_tile_supported": True},
+                                    {"_is_avx512_bf16_supported": False, "_is_amx_tile_supported": False}, {}],
+                         ids=["avx512_bf16", "amx", "neither", "torch_without_probes"])
+def test_cpu_has_native_bf16_asks_torchs_cpu_probes(monkeypatch, probes):
+    from hf_mocose.training import precision
+
+    for name in precision.NATIVE_BF16_CPU_PROBES:
+        monkeypatch.delattr(torch.cpu, name, raising=False)
+        if name in probes:
+            monkeypatch.setattr(torch.cpu, name, lambda value=probes[name]: value, raising=False)
+    assert cpu_has_native_bf16() == any(probes.values())
+
+
+# ----------------------------------------------------------------- training, both front ends
+def _build(front_end, encoder, tmp_path, bf16, **overrides):
+    """(trainer, its EMA callback, a module inside the target's forward, the target's modules)."""
+    if front_end == "trainer":
+        trainer = make_trainer(encoder, tmp_path, bf16=bf16, **overrides)
+        return trainer, trainer.ema_callback, trainer.model.target_encoder, trainer.model.target_modules()
+    trainer = make_st_trainer(encoder, tmp_path, bf16=bf16, **overrides)
+    loss = trainer.loss
+    return trainer, loss.callback, loss.target_encoder[0], [loss.target_encoder, loss.target_head]
+
+
+class EMASpy:
+    """Wraps an EMA callback's `update`: keeps, per step, the target before, the online weights and the decay,
+    and the target after."""
+
+    def __init__(self, ema):
+        self.steps, update = [], ema.update
+
+        def spied(decay):
+            before = [t.detach().clone() for t in ema._target_params]
+            update(decay)
+            self.steps.append((before, [o.detach().clone() for o in ema._online_params], decay,
+                               [t.detach().clone() for t in ema._target_params]))
+
+        ema.update = spied
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_the_target_forward_follows_the_online_autocast_and_the_ema_target_stays_fp32(front_end, bf16, tiny_encoder,
+                                                                                      tmp_path):
+    trainer, ema, target_encoder, target_modules = _build(front_end, tiny_encoder, tmp_path, bf16, max_steps=2)
+    seen = []
+    target_encoder.register_forward_pre_hook(
+        lambda module, args: seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
+    spy = EMASpy(ema)
+    trainer.train()
+    assert seen and set(seen) == {torch.bfloat16 if bf16 else None}
+    assert all(torch.isfinite(torch.tensor(_losses(trainer))))
+    for module in target_modules:
+        assert {p.dtype for p in module.parameters()} == {torch.float32}
+    assert len(spy.steps) == 2
+    for before, online, decay, after in spy.steps:  # the fp32 lerp, to the last bit: nothing rounded to bf16
+        assert all(t.dtype == torch.float32 for t in after)
+        expected = [torch.lerp(b, o, 1.0 - decay) for b, o in zip(before, online)]
+        assert all(torch.equal(a, e) for a, e in zip(after, expected))
+    moves = torch.cat([(a - b).flatten() for a, b in zip(spy.steps[-1][3], spy.steps[-1][0])])
+    assert moves.abs().max() > 0
+
+
+def test_resume_is_exact_under_bf16_with_the_trainer(tiny_encoder, tmp_path):
+    common = dict(max_steps=6, save_strategy="steps", save_steps=3, fgsm_epsilon=1e-2, bf16=True)
+    full = make_trainer(tiny_encoder, tmp_path / "full", **common)
+    full.train()
+    resumed = make_trainer(tiny_encoder, tmp_path / "resumed", **common)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    assert _losses(resumed)[-3:] == pytest.approx(_losses(full)[-3:], abs=1e-5)
+    for name, tensor in full.model.state_dict().items():
+        assert torch.allclose(tensor, resumed.model.state_dict()[name], atol=1e-5), name
+
+
+def test_resume_is_exact_under_bf16_with_mocose_loss(tiny_encoder, tmp_path):
+    full = make_st_trainer(tiny_encoder, tmp_path, bf16=True, **_resume_setup())
+    full.train()
+    losses, state = _losses(full), _loss_state(full)
+    resumed = make_st_trainer(tiny_encoder, tmp_path, bf16=True, **_resume_setup())
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert _losses(resumed)[-3:] == pytest.approx(losses[-3:], abs=1e-5)
+    _assert_states_equal(_loss_state(resumed), state, atol=1e-5)
+
+
+# ----------------------------------------------------------------- `bf16: auto` (the quickstart recipe)
+@pytest.mark.parametrize("native, flags, expected, note", [
+    (True, [], True, "bf16: auto -> bf16 autocast: this CPU computes bf16 natively"),
+    (False, [], False, "bf16: auto -> fp32: this CPU has no native bf16"),
+    (True, ["--bf16", "false"], False, None),
+    (False, ["--bf16", "true", "--use_cpu", "true"], True, None),
+    (True, ["--bf16=False"], False, None),
+], ids=["native", "emulated", "user_false_wins", "user_true_wins", "user_equals_form"])
+def test_auto_bf16_picks_bf16_on_a_cpu_with_native_bf16_and_the_users_flag_wins(monkeypatch, capsys, tmp_path, native,
+                                                                                flags, expected, note):
+    from hf_mocose.commands.train import parse_args
+    from hf_mocose.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path}\nbf16: auto\n")
+    _, args = parse_args([str(recipe), *flags])
+    assert args.bf16 is expected and (args.mixed_precision == "bf16") is expected
+    printed = capsys.readouterr().out
+    assert (note in printed) if note else "bf16: auto" not in printed
+
+
+def test_auto_bf16_from_the_command_line_and_in_the_quickstart_recipe(monkeypatch, tmp_path):
+    from conftest import REPO_ROOT
+
+    from hf_mocose.commands.train import parse_args
+    from hf_mocose.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert parse_args(["--output_dir", str(tmp_path), "--bf16", "auto"])[1].bf16
+    assert parse_args([str(REPO_ROOT / "training_args" / "quickstart.yaml"), "--output_dir", str(tmp_path)])[1].bf16
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert not parse_args([str(REPO_ROOT / "training_args" / "quickstart.yaml"), "--output_dir", str(tmp_path)])[1].bf16
+
+
+def test_auto_bf16_stays_fp32_off_the_cpu():
+    from hf_mocose.training.precision import choose_auto_bf16
+
+    chosen, why = choose_auto_bf16(torch.device("cuda"))
+    assert not chosen and "training on cuda" in why
