@@ -161,3 +161,20 @@ def test_auto_bf16_stays_fp32_off_the_cpu():
 
     chosen, why = choose_auto_bf16(torch.device("cuda"))
     assert not chosen and "training on cuda" in why
+
+
+def test_auto_bf16_stays_fp32_under_deepspeed(monkeypatch, capsys, tmp_path):
+    """DeepSpeed would cast the EMA target to bf16 with it (and MoCoSE refuses that launch): `bf16: auto` keeps
+    fp32 there, so the quickstart trains under `zero2.yaml --mixed_precision no` as the refusal advises."""
+    from hf_mocose.commands import train
+    from hf_mocose.commands.train import parse_args
+    from hf_mocose.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    # What `launch_sharding` reads from `accelerate launch --config_file configs/accelerate/zero2.yaml` (the real
+    # launch needs the deepspeed package: tests/test_launch_matrix.py, `mocose-zero2-fp32`).
+    monkeypatch.setattr(train, "launch_sharding", lambda args=None: (None, 2, "no"))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path}\nbf16: auto\n")
+    assert not parse_args([str(recipe)])[1].bf16
+    assert "bf16: auto -> fp32: under DeepSpeed" in capsys.readouterr().out

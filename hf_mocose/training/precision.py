@@ -77,12 +77,15 @@ def cpu_has_native_bf16() -> bool:
     return any(probe() for probe in probes if probe is not None)
 
 
-def choose_auto_bf16(device: torch.device) -> tuple[bool, str]:
+def choose_auto_bf16(device: torch.device, deepspeed: bool = False) -> tuple[bool, str]:
     """What `bf16: auto` (the quickstart recipe's) resolves to for training on `device`, and why.
 
     bf16 autocast on a CPU that computes bf16 natively (measured there: about 0.6x the fp32 step time at the same
-    STS quality, docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here).
+    STS quality, docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here) and
+    under DeepSpeed (`deepspeed`), which would cast the whole model to bf16, the EMA target included.
     """
+    if deepspeed:
+        return False, "under DeepSpeed bf16 would cast the EMA target to bf16 too"
     if device.type != "cpu":
         return False, f"training on {device.type}; auto picks bf16 only on CPUs with native bf16 (measured there)"
     if cpu_has_native_bf16():
