@@ -3,8 +3,8 @@
     accelerate launch --config_file configs/accelerate/<engine>.yaml scripts/train.py training_args/<recipe>.yaml
 
 Rows: the top-level recipes of training_args/, and every run of every ablation sweep in training_args/ablations/
-(its flags built by `hf_mocose.commands.sweep`, as `scripts/sweep.py` launches them). Columns: ddp, fsdp2, zero2,
-zero3 as shipped (an ablation sweep's runs under DDP and FSDP2, its first run under DeepSpeed: `recipe_rows`). Each cell either trains two optimizer steps (evaluated, checkpointed and exported at step 2, on
+(its flags built by `hf_mocose.commands.sweep`, as `scripts/sweep.py` launches them). Columns: default (one
+process: the quickstart's launcher; top-level recipes), ddp, fsdp2, zero2, zero3 as shipped (an ablation sweep's runs under DDP and FSDP2, its first run under DeepSpeed: `recipe_rows`). Each cell either trains two optimizer steps (evaluated, checkpointed and exported at step 2, on
 the engine it names: the checkpoint's layout tells DDP, FSDP2 and DeepSpeed apart) or is refused before any work
 with one `train.py: error:` line per process naming the setting and what to use instead. No process may print a
 traceback (the launcher itself then reports the failed processes in its own words).
@@ -33,6 +33,7 @@ from hf_mocose.commands.sweep import SweepRun, load_sweep
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.launch_matrix]
 RECIPES = REPO_ROOT / "training_args"
 ENGINES = ("ddp", "fsdp2", "zero2", "zero3")
+ONE_PROCESS = "default"  # configs/accelerate/default.yaml: the quickstart's launcher, one process
 STS_ROWS = [("5.0", "A man is playing a guitar.", "A man plays the guitar."),
             ("0.5", "A woman is slicing an onion.", "A dog runs in a field."),
             ("3.2", "Kids play in the park.", "Children are playing outside."),
@@ -54,7 +55,7 @@ REFUSED = {
 ROW_REFUSED = {f"ablations/mtd-targets-extra/{run}": r"target_mtd=\d+(\.\d+)? needs \d+ queue entries at eta=0.75 "
                r"with global batch 128, but queue_size is 1024\. Raise queue_size" for run in ("d-14.67", "d-18")}
 # The default run: the paper recipes under FSDP2, and one recipe under each other engine.
-FAST = {("mocose-bert-base", "fsdp2"), ("mocose-bert-large", "fsdp2"), ("mocose-una-bert-base", "fsdp2"),
+FAST = {("quickstart", ONE_PROCESS), ("mocose-bert-base", "fsdp2"), ("mocose-bert-large", "fsdp2"), ("mocose-una-bert-base", "fsdp2"),
         ("mocose-bert-base", "ddp"), ("mocose-bert-base", "zero2"), ("mocose-bert-base", "zero3")}
 NO_DEEPSPEED = ("DeepSpeed is not installed: `accelerate launch` needs it for configs/accelerate/zero*.yaml "
                 "(pip install deepspeed; on CPU tests/fsdp_worker.py's shim runs it over gloo)")
@@ -65,7 +66,8 @@ def recipe_rows() -> list[tuple[str, str, dict, tuple[str, ...]]]:
     each ablation sweep under DDP and FSDP2, where its settings reach the sharded model. Under DeepSpeed the
     outcome is decided before the model is built, by the method and the launch alone (every run's flags are
     parsed by tests/test_sweep.py), so the first run of each sweep stands for its sweep there."""
-    rows = [(path.stem, f"training_args/{path.name}", {}, ENGINES) for path in sorted(RECIPES.glob("*.yaml"))]
+    rows = [(path.stem, f"training_args/{path.name}", {}, (ONE_PROCESS, *ENGINES))
+            for path in sorted(RECIPES.glob("*.yaml"))]
     for sweep in sorted((RECIPES / "ablations").glob("*.yaml")):
         _, base, runs = load_sweep(sweep, "unused")
         rows += [(f"ablations/{sweep.stem}/{run.name}", base, run.overrides,
@@ -101,16 +103,19 @@ def launch(tmp_path, base, overrides, engine, extra=(), accelerate_args=()):
     if engine.startswith("zero"):
         pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     proc = launch_train_script(engine, argv, tmp_path / "logs", accelerate_args)
-    return proc, rank_logs(tmp_path / "logs"), out
+    # One process: accelerate runs the script itself, without per-rank log files.
+    return proc, (rank_logs(tmp_path / "logs") if engine != ONE_PROCESS else {0: proc.stderr}), out
 
 
-def assert_no_traceback(logs: dict[int, str], proc) -> None:
-    assert sorted(logs) == [0, 1], f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+def assert_no_traceback(logs: dict[int, str], proc, engine: str = "ddp") -> None:
+    ranks = [0] if engine == ONE_PROCESS else [0, 1]
+    assert sorted(logs) == ranks, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     for rank, text in logs.items():
         assert "Traceback" not in text, f"rank {rank}:\n{text[-6000:]}"
 
 
 ENGINE_LAYOUT = {  # what checkpoint-2 holds under each engine (SHARDED_STATE_DICT in fsdp2.yaml)
+    ONE_PROCESS: ("optimizer.pt", "model.safetensors"),
     "ddp": ("optimizer.pt", "model.safetensors"),
     "fsdp2": ("pytorch_model_fsdp_0", "optimizer_0"),
     "zero2": ("global_step2",),
@@ -118,11 +123,12 @@ ENGINE_LAYOUT = {  # what checkpoint-2 holds under each engine (SHARDED_STATE_DI
 
 
 def assert_trained(out: Path, engine: str) -> None:
-    """Two optimizer steps on 2 processes, on `engine`, evaluated, saved and exported."""
+    """Two optimizer steps on 2 processes (one under default.yaml), on `engine`, evaluated, saved and exported."""
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and any("eval_stsb_spearman" in h for h in state["log_history"])
     checkpoint = {p.name for p in (out / "checkpoint-2").iterdir()}
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= checkpoint  # one per process
+    rng_states = {"rng_state.pth"} if engine == ONE_PROCESS else {"rng_state_0.pth", "rng_state_1.pth"}
+    assert rng_states <= checkpoint  # one per process
     assert set(ENGINE_LAYOUT[engine]) <= checkpoint, sorted(checkpoint)
     others = {name for other, names in ENGINE_LAYOUT.items() if other != engine for name in names} - set(
         ENGINE_LAYOUT[engine])
@@ -134,7 +140,7 @@ def assert_trained(out: Path, engine: str) -> None:
 def test_every_recipe_trains_or_is_refused_in_one_line(name, base, overrides, engine, tiny_encoder, sts_dev, tmp_path):
     method = yaml.safe_load((REPO_ROOT / base).read_text())["method"]
     proc, logs, out = launch(tmp_path, base, overrides, engine, common_overrides(tiny_encoder, sts_dev))
-    assert_no_traceback(logs, proc)
+    assert_no_traceback(logs, proc, engine)
     refusal = REFUSED.get((overrides.get("method", method), engine)) or ROW_REFUSED.get(name)
     if refusal is None:
         assert proc.returncode == 0, f"rank 0:\n{logs[0][-6000:]}"
