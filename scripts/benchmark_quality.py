@@ -72,8 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from quality_tables import merge, summarise, write_summary  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from train_variants import AutocastRecorder  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 from turn_taking import Baton  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,

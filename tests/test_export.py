@@ -10,7 +10,6 @@ import torch
 from conftest import run_cli
 
 from hf_mocose import MoCoSEModel
-from hf_mocose.commands import cli
 from hf_mocose.publishing.export import (
     export_to_sentence_transformers,
     probe_sentences,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO_ROOT as REPO
-from conftest import free_port, launch_train_script, rank_logs
+from conftest import free_port, launch_train_script
 from fake_hub import TOKEN, FakeHub
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")

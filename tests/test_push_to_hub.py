@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_trainer, tiny_training_args
+from conftest import make_trainer
 from fake_hub import TOKEN, fake_hub  # noqa: F401 (the fixture)
 from huggingface_hub import ModelCard
 from transformers import TrainerCallback

@@ -84,7 +84,11 @@ def test_a_mocose_trainer_checkpoint_saved_before_the_move_resumes(tmp_path):
 
 def test_a_mocose_loss_checkpoint_saved_before_the_move_resumes(tmp_path):
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     from hf_mocose import MoCoSELoss

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import torch
 from datasets import Dataset, IterableDataset
