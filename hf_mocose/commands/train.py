@@ -19,12 +19,10 @@ import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
-from ..methods.mtd import check_target_reachable
-from ..models.ema import ema_decay_range
 from ..models.sequence_length import inference_max_seq_length
 from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub_publishing import publish_final_model
-from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
+from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
 from ..training.checkpoints import (
@@ -229,11 +227,9 @@ def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or
     """`target_mtd`'s queue window must fit the queue over the whole eta schedule at this launch's global batch
     (per-device batch x processes x accumulation): checked before the model and the corpus are loaded.
     `MoCoSETrainer` checks again with the model's own `queue_size`, which a MoCoSE checkpoint keeps."""
-    if args.target_mtd is None or is_mocose_checkpoint(model_name_or_path):
-        return
-    global_batch = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
-    check_target_reachable(args.target_mtd, global_batch, args.queue_size, *ema_decay_range(
-        args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
+    if not is_mocose_checkpoint(model_name_or_path):
+        check_target_mtd(args, args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps,
+                         args.queue_size)
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:

@@ -37,8 +37,8 @@ from transformers import PreTrainedModel, Trainer
 
 from ..data.collator import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
-from ..methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance
-from ..models.ema import ema_decay_at, ema_decay_range
+from ..methods.mtd import active_queue_window, max_traceable_distance
+from ..models.ema import ema_decay_at
 from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from ..models.modeling import MoCoSEModel, MoCoSEOutput
 from ..publishing.hub_publishing import HubPublishingMixin
@@ -46,7 +46,7 @@ from ..publishing.training_data_facts import save_card_records
 from ..training.callbacks import EMATargetCallback
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
-from .inputs import prepare_trainer_inputs
+from .inputs import check_target_mtd, prepare_trainer_inputs
 from .sharded_save import complete_sharded_save
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .switches import check_trainer_switches
@@ -160,9 +160,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                 f"is {self.keys_per_enqueue} (per_device_train_batch_size={args.per_device_train_batch_size} x "
                 f"{args.world_size} processes): use at least 2 sentences per step."
             )
-        if args.target_mtd is not None:
-            check_target_reachable(args.target_mtd, self.global_batch_size, config.queue_size, *ema_decay_range(
-                args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
+        check_target_mtd(args, self.global_batch_size, config.queue_size)
         if config.method == "ifcl" and args.ifcl_forgetting:
             batches = math.ceil(config.queue_size / self.keys_per_enqueue)
             if args.ifcl_forgetting * batches >= 1:
