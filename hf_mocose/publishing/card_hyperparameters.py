@@ -99,11 +99,16 @@ def save_card_training_args(args, folder: str | os.PathLike) -> Path:
     values = args.to_dict()  # enums as their values, secrets masked
     record = {name: values[name] for name in (*TRAINING_FIELDS, *RECORDED_EXTRA) if name in values}
     record["world_size"] = getattr(args, "world_size", 1)
-    record["arguments"] = {name: value for name, value in values.items()
-                           if name not in NOT_HYPERPARAMETERS and not name.endswith("_token")}
+    record["arguments"] = _card_arguments(values)
     path = Path(folder) / TRAINING_ARGS_JSON
     path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def _card_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """Every argument the card lists: the hyper-parameters, without bookkeeping fields or tokens."""
+    return {name: value for name, value in values.items()
+            if name not in NOT_HYPERPARAMETERS and not name.endswith("_token")}
 
 
 def as_record(training_args: Any | None) -> dict[str, Any]:
@@ -116,8 +121,7 @@ def as_record(training_args: Any | None) -> dict[str, Any]:
     else:
         record = {name: getattr(training_args, name) for name in names if hasattr(training_args, name)}
         if hasattr(training_args, "to_dict"):
-            record["arguments"] = {k: v for k, v in training_args.to_dict().items()
-                                   if k not in NOT_HYPERPARAMETERS and not k.endswith("_token")}
+            record["arguments"] = _card_arguments(training_args.to_dict())
     return {name: getattr(value, "value", value) for name, value in record.items()}  # enums -> "linear"
 
 

@@ -137,9 +137,14 @@ def publish_final_model(
     return export_dir
 
 
+def trainer_repo_id(trainer) -> str | None:
+    """The repo id the trainer made or was given (`hub_model_id`, the trainer's own before the arguments')."""
+    return getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id
+
+
 def final_repo_id(trainer) -> str:
     """The repo the final model goes to (`hub_model_id`); a `ValueError` says how to set it when there is none."""
-    repo_id = getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id
+    repo_id = trainer_repo_id(trainer)
     if not repo_id:
         raise ValueError("Publishing to the Hub needs a repo id: set hub_model_id to 'namespace/name'.")
     return validate_repo_id(repo_id)
@@ -156,7 +161,7 @@ def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None
     args = trainer.args
     export_dir = Path(export_dir or Path(args.output_dir) / "sentence-transformers")
     runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
-    repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
+    repo_id = trainer_repo_id(trainer)
     return export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
         repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args, trainer_state=trainer.state,
@@ -264,7 +269,7 @@ class HubPublishingMixin:
         check_push_keywords(kwargs)
         final_dir = Path(kwargs.pop("final_dir", None) or Path(self.args.output_dir) / "final")
         card_kwargs = card_kwargs_from_trainer_keywords(**kwargs)  # conflicting names fail now, not after saving
-        repo_id = self.hub_model_id or self.args.hub_model_id
+        repo_id = trainer_repo_id(self)
         if repo_id and self.is_world_process_zero():
             validate_repo_id(repo_id)
         self.callback_handler.on_push_begin(self.args, self.state, self.control)

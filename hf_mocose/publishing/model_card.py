@@ -214,7 +214,7 @@ def render_model_card(
         title=title,
         model_id=model_id,
         is_repo=bool(repo_id),
-        method_name={"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL"}.get(method, method),
+        method_name=CITATION_NAMES.get(method, method),
         sentence_pooling=details["sentence_pooling"],
         max_seq_length=st_model.max_seq_length,  # what the export truncates at
         training_max_seq_length=details["training_max_seq_length"],
