@@ -160,12 +160,11 @@ def export_final_model(trainer, final_dir, *, export_dir=None, eval_results=None
 
     args = trainer.args
     export_dir = Path(export_dir or Path(args.output_dir) / "sentence-transformers")
-    runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
     repo_id = trainer_repo_id(trainer)
     return export_to_sentence_transformers(
         final_dir, export_dir, overwrite=True, max_seq_length=max_seq_length, eval_results=eval_results,
         repo_id=repo_id, corpus=corpus, datasets=datasets, training_args=args, trainer_state=trainer.state,
-        global_batch_size=getattr(trainer, "global_batch_size", None), train_runtime=runtime, hardware=describe_hardware(args),
+        global_batch_size=getattr(trainer, "global_batch_size", None), hardware=describe_hardware(args),
         **{"export_name": Path(args.output_dir).name, **card_kwargs},
     )
 
