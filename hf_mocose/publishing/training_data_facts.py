@@ -46,13 +46,13 @@ def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str,
         rows = {name: [row[name] for row in first] for name in columns if name in ("text", "input_ids")}
     texts = None if rows.get("text") is None else [text or "" for text in rows["text"]]
     longer = None
+    if texts is not None:  # tokenised once, whole: training's lengths are these cut at max_seq_length
+        whole = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+        longer = sum(length > max_seq_length for length in whole)
     if "input_ids" in rows:
         lengths = [len(ids) for ids in rows["input_ids"]]
     else:
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_seq_length)["input_ids"]]
-    if texts is not None:
-        whole = tokenizer(texts, truncation=False, verbose=False)["input_ids"]
-        longer = sum(len(ids) > max_seq_length for ids in whole)
+        lengths = [min(length, max_seq_length) for length in whole]
     if not lengths:
         return None
     samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
