@@ -91,7 +91,7 @@ def test_resume_in_two_processes_with_fgsm(fgsm_mode, tiny_encoder, tmp_path):
     resumed.mkdir()
     full_runs = _run([tiny_encoder, str(full), "4", "4", "-", "mocose", options], 2, full)
     checkpoint = full / "checkpoint-2"
-    has_state = [(checkpoint / f"fgsm_state_rank{rank}.pt").is_file() for rank in (0, 1)]
+    has_state = [(checkpoint / f"fgsm_rank{rank}.pt").is_file() for rank in (0, 1)]
     assert has_state == [fgsm_mode == "previous"] * 2
     resumed_runs = _run([tiny_encoder, str(resumed), "4", "4", str(checkpoint), "mocose", options], 2, resumed)
     for runs in (full_runs, resumed_runs):  # DDP kept the ranks equal (the embeddings are looked up outside forward)

@@ -1,10 +1,10 @@
-"""EMA target: schedule, update rule, once per optimizer step, never optimised."""
+"""EMA target: schedule, update rule, once per optimizer step, never optimised (both front ends)."""
 
 import math
 
 import pytest
 import torch
-from conftest import make_trainer
+from conftest import make_st_trainer, make_trainer, tiny_sentence_transformer
 
 from hf_mocose.methods.mtd import max_traceable_distance
 from hf_mocose.models.ema import ema_decay_at
@@ -24,12 +24,22 @@ def test_max_traceable_distance():
     assert math.isinf(max_traceable_distance(1.0, 512, 64))
 
 
-def test_update_rule_and_buffers(tiny_encoder):
-    from hf_mocose import MoCoSEModel
+def _ema_owner(front_end, tiny_encoder):
+    """What names the online/target pairs for `EMATargetCallback` in each front end, and its callback."""
+    from hf_mocose import MoCoSELoss, MoCoSEModel
 
-    model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
-    callback = EMATargetCallback(model, 0.9, 0.9)
-    online_p, target_p, _, _ = model.ema_parameter_pairs()
+    if front_end == "trainer":
+        model = MoCoSEModel.from_pretrained(tiny_encoder, queue_size=8, queue_init_size=2)
+        return model, EMATargetCallback(model, 0.9, 0.9)
+    loss = MoCoSELoss(tiny_sentence_transformer(tiny_encoder), queue_size=8, queue_init_size=3)
+    return loss, loss.callback
+
+
+@pytest.mark.parametrize("front_end", ["trainer", "st_loss"])
+def test_update_rule_and_buffers(tiny_encoder, front_end):
+    owner, callback = _ema_owner(front_end, tiny_encoder)
+    online_p, target_p, _, _ = owner.ema_parameter_pairs()
+    assert all(torch.equal(o, t) for o, t in zip(online_p, target_p))  # the target starts as a copy
     with torch.no_grad():
         for p in online_p:
             p.add_(torch.randn_like(p))
@@ -41,13 +51,23 @@ def test_update_rule_and_buffers(tiny_encoder):
     assert all(torch.equal(o, t) for o, t in zip(online_p, target_p))
 
 
-def test_one_update_per_optimizer_step_under_accumulation(tiny_encoder, tmp_path, monkeypatch):
-    trainer = make_trainer(tiny_encoder, tmp_path, gradient_accumulation_steps=3, max_steps=4)
+@pytest.mark.parametrize("front_end", ["trainer", "st_loss"])
+def test_one_update_per_optimizer_step_under_accumulation(tiny_encoder, tmp_path, monkeypatch, front_end):
+    if front_end == "trainer":
+        trainer = make_trainer(tiny_encoder, tmp_path, gradient_accumulation_steps=3, max_steps=4)
+        callback = trainer.ema_callback
+    else:
+        trainer = make_st_trainer(tiny_encoder, tmp_path, gradient_accumulation_steps=3, max_steps=4,
+                                  loss_kwargs=dict(queue_size=60, queue_init_size=3))
+        callback = trainer.loss.callback
     decays = []
-    original = trainer.ema_callback.update
-    monkeypatch.setattr(trainer.ema_callback, "update", lambda d: (decays.append(d), original(d)))
+    original = callback.update
+    monkeypatch.setattr(callback, "update", lambda d: (decays.append(d), original(d)))
     trainer.train()
     assert decays == pytest.approx([ema_decay_at(t, 4, 0.75, 0.95) for t in range(4)])
+    if front_end == "st_loss":
+        assert int(trainer.loss.queue.queue_fill) == 3 + 4 * 3 * 4  # every micro-batch is enqueued
+        return
     history = [h for h in trainer.state.log_history if "loss" in h]
     assert history[-1]["ema_decay"] == pytest.approx(decays[-1], abs=1e-6)
     # d_trace uses the global batch: 4 per device x 3 accumulation steps

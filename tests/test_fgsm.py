@@ -31,7 +31,7 @@ def test_exact_moves_inputs_by_epsilon_sign_gradient(tiny_encoder, tmp_path, mon
     inputs = _batch(trainer)
     # the gradient of the clean loss w.r.t. the word embeddings, computed independently
     clean = model(**inputs)
-    loss, _ = trainer._contrastive_loss(model, clean)
+    loss, _ = trainer.objective.loss(clean, model.queue)
     (gradient,) = torch.autograd.grad(loss.loss, clean.word_embeddings)
     seen = _recording(trainer, monkeypatch)
     outputs = trainer.compute_loss(model, inputs, return_outputs=True)[1]

@@ -157,7 +157,7 @@ def test_ema_lerps_local_shards_without_communication(sharded, sharded_adamw, fu
 def test_sharded_state_dict_resume_is_exact(sharded):
     checkpoint = sharded["dir"] / "checkpoint-2"
     assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not (checkpoint / "model.safetensors").exists()
-    assert {"config.json", "tokenizer.json", "fgsm_state_rank0.pt", "fgsm_state_rank1.pt"} <= {
+    assert {"config.json", "tokenizer.json", "fgsm_rank0.pt", "fgsm_rank1.pt"} <= {
         p.name for p in checkpoint.iterdir()}
     run = sharded["ranks"][0]
     _assert_states_close(run["resumed"]["state"], run["state"], atol=1e-6)

@@ -54,15 +54,15 @@ def test_slices_outside_the_queue_are_rejected(tmp_path, value):
 def test_trainer_uses_only_sliced_negatives(tiny_encoder, tmp_path, monkeypatch):
     trainer = make_trainer(tiny_encoder, tmp_path, queue_size=10, queue_init_size=10, queue_slice="0:4", fgsm_mode="off")
     seen = {}
-    import hf_mocose.trainer.mocose_trainer as trainer_module
+    import hf_mocose.models.objective as objective_module
 
-    original = trainer_module.info_nce_loss
+    original = objective_module.info_nce_loss
 
     def spy(*args, **kwargs):
         seen["weights"] = kwargs["extra_negative_weights"]
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "info_nce_loss", spy)
+    monkeypatch.setattr(objective_module, "info_nce_loss", spy)
     trainer.compute_loss(trainer.model.train(), next(iter(trainer.get_train_dataloader())))
     assert int(seen["weights"].sum()) == 4
     assert (seen["weights"] == (trainer.model.queue.ages() < 4).float()).all()
@@ -215,16 +215,16 @@ UNA_ARGS = dict(hard_negatives="una", una_window=0.5, una_frequency=2, fgsm_mode
 
 def _spy_on_info_nce(monkeypatch):
     """Records (queries, candidate keys, positive_index, extra negatives) of every InfoNCE the trainer computes."""
-    import hf_mocose.trainer.mocose_trainer as trainer_module
+    import hf_mocose.models.objective as objective_module
 
-    calls, original = [], trainer_module.info_nce_loss
+    calls, original = [], objective_module.info_nce_loss
 
     def spy(queries, keys, temperature, positive_index=None, extra_negatives=None, extra_negative_weights=None):
         calls.append((queries.shape[0], keys.shape[0], positive_index,
                       0 if extra_negatives is None else extra_negatives.shape[0]))
         return original(queries, keys, temperature, positive_index, extra_negatives, extra_negative_weights)
 
-    monkeypatch.setattr(trainer_module, "info_nce_loss", spy)
+    monkeypatch.setattr(objective_module, "info_nce_loss", spy)
     return calls
 
 
@@ -244,9 +244,10 @@ def test_una_as_in_its_paper_trains_on_the_augmented_sentences_as_anchors(tiny_e
     trainer = make_trainer(tiny_encoder, tmp_path, keep_text=True, max_steps=4, method=method, **UNA_ARGS)
     assert trainer.args.una_usage == "paper"  # the default: what the UNA paper and its code do
     if method == "mocose":  # the queue takes the anchors' keys only, as on steps without UNA
-        trainer.compute_loss(trainer.model.train(), next(iter(trainer.get_train_dataloader())))
-        assert trainer._pending_keys.shape[0] == 4
-        trainer._pending_keys = None
+        queue = trainer.model.queue
+        pointer = int(queue.queue_ptr)
+        trainer.compute_loss(trainer.model.train(), next(iter(trainer.get_train_dataloader()))).backward()
+        assert (int(queue.queue_ptr) - pointer) % queue.capacity == 4  # enqueued after the backward
     calls = _spy_on_info_nce(monkeypatch)
     trainer.train()
     queue = 10 if method == "mocose" else 0

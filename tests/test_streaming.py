@@ -116,7 +116,7 @@ def test_st_loss_tells_how_to_stream_under_several_processes(tiny_encoder, tmp_p
 
     from hf_mocose.st_loss import callback
 
-    monkeypatch.setattr(callback, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(callback, "get_world_size", lambda: 2)
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     with pytest.raises(ValueError, match=r"pass accelerator_config=\{'dispatch_batches': False\}"):
         callback.check_streamed_data(_streamed(), args)

@@ -81,7 +81,7 @@ def test_resume_gives_same_next_losses(tiny_encoder, tmp_path):
     common = dict(max_steps=6, save_strategy="steps", save_steps=3, fgsm_epsilon=1e-2)
     full = make_trainer(tiny_encoder, tmp_path / "full", **common)
     full.train()
-    assert (tmp_path / "full" / "checkpoint-3" / "fgsm_state_rank0.pt").is_file()
+    assert (tmp_path / "full" / "checkpoint-3" / "fgsm_rank0.pt").is_file()
 
     resumed = make_trainer(tiny_encoder, tmp_path / "resumed", **common)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))

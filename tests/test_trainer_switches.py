@@ -149,7 +149,7 @@ def check_dataloader_workers(run):
 def check_save_total_limit_and_resume(run):
     kept = sorted(path.name for path in run.output_dir.glob("checkpoint-*"))
     assert kept == ["checkpoint-2", "checkpoint-3"]
-    assert all((run.output_dir / name / "fgsm_state_rank0.pt").is_file() for name in kept)
+    assert all((run.output_dir / name / "fgsm_rank0.pt").is_file() for name in kept)
     resumed = build(run.tiny_encoder, run.output_dir / "resumed", save_strategy="no")
     resumed.train(resume_from_checkpoint=str(run.output_dir / "checkpoint-2"))
     assert losses(resumed)[-1] == pytest.approx(losses(run.trainer)[-1], abs=1e-6)

@@ -52,6 +52,8 @@ class MoCoSEOutput(ModelOutput):
             embeddings (IFCL's Twins margin), or None.
         negative_queries: `(U, D)` the hard negatives through the query branch when they are anchors too
             (UNA as in its paper), or None.
+        fgsm_gradient_at: `(B, L, H)` where FGSM reads the loss's gradient: `word_embeddings`, or the clean
+            `inputs_embeds` the caller passed (a compiled module gives gradients to its inputs only).
     """
 
     query: torch.Tensor | None = None
@@ -61,11 +63,7 @@ class MoCoSEOutput(ModelOutput):
     fraternal_query: torch.Tensor | None = None
     input_embeddings: torch.Tensor | None = None
     negative_queries: torch.Tensor | None = None
-
-
-def _masked_mean(embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    weights = mask.unsqueeze(-1).to(embeddings.dtype)
-    return (embeddings * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    fgsm_gradient_at: torch.Tensor | None = None
 
 
 class MoCoSEModel(PreTrainedModel):
@@ -356,7 +354,8 @@ class MoCoSEModel(PreTrainedModel):
             if negatives_as_anchors:
                 negative_queries = query_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
         output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives,
-                              negative_queries=negative_queries)
+                              negative_queries=negative_queries,
+                              fgsm_gradient_at=word_embeddings if inputs_embeds is None else inputs_embeds)
         if fraternal_input_ids is not None:
             self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
         return output
@@ -372,9 +371,8 @@ class MoCoSEModel(PreTrainedModel):
         fused = epsilon * output.word_embeddings + (1.0 - epsilon) * self.fraternal_embeddings(ids)
         mask = torch.maximum(anchor_mask, fraternal_mask)
         output.fraternal_query = self._online_head(self._encode_sentence(self.online_encoder, fused, mask, None))
-        output.input_embeddings = torch.stack(
-            [_masked_mean(output.word_embeddings, anchor_mask), _masked_mean(fused, mask)]
-        )
+        output.input_embeddings = torch.stack([pool_sentence_embedding(output.word_embeddings, anchor_mask, "mean"),
+                                               pool_sentence_embedding(fused, mask, "mean")])
 
     def _online_head(self, cls_state: torch.Tensor) -> torch.Tensor:
         return self.online_projection(self.online_pooler(cls_state))

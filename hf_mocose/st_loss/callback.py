@@ -24,6 +24,8 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch import nn
+from sentence_transformers.util.distributed import get_world_size
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
 from ..training.callbacks import EMATargetCallback
@@ -39,8 +41,7 @@ from .checkpoint import (
     run_folder,
     save_loss_state,
 )
-from .contract import MoCoSELossParts
-from .distributed import HeadGradients, broadcast_from_first_rank, rank_and_world, refuse_unsupported_launch
+from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
@@ -48,7 +49,7 @@ CHECKPOINT_PUSHES = (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)
 logger = logging.getLogger(__name__)
 
 
-def _covers_heads(mapping: dict, loss: MoCoSELossParts) -> bool:
+def _covers_heads(mapping: dict, loss: nn.Module) -> bool:
     names = [f"online_head.{name}" for name, _ in loss.online_head.named_parameters()]
     return any(re.search(pattern, name) for pattern in mapping for name in names)
 
@@ -62,7 +63,7 @@ def _parts(dataset) -> list:
     return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
 
 
-def check_training_data(loss: MoCoSELossParts, dataset, args=None) -> None:
+def check_training_data(loss: nn.Module, dataset, args=None) -> None:
     """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
     columns, a queue larger than the data, batches that differ between processes."""
     check_streamed_data(dataset, args)
@@ -86,7 +87,7 @@ def check_training_data(loss: MoCoSELossParts, dataset, args=None) -> None:
         raise ValueError(f"queue_size={loss.queue.capacity} is larger than the training data ({rows} rows): the queue would "
                          f"hold several keys of one sentence, an anchor's own earlier key among its negatives. "
                          f"Use queue_size <= {rows}.")
-    world = rank_and_world()[1]
+    world = get_world_size()
     if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last:
         per_step = args.per_device_train_batch_size * world
         if rows % per_step:
@@ -100,7 +101,7 @@ def check_streamed_data(dataset, args=None) -> None:
     text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches."""
     from datasets import IterableDataset
 
-    world = rank_and_world()[1]
+    world = get_world_size()
     if not isinstance(dataset, IterableDataset) or world < 2 or args is None:
         return
     if args.accelerator_config.dispatch_batches is not False or not args.dataloader_drop_last:
@@ -120,7 +121,7 @@ class MoCoSELossCallback(EMATargetCallback):
         head_gradients: the heads' gradient averaging and joint clip (`HeadGradients`).
     """
 
-    def __init__(self, mocose_loss: MoCoSELossParts):
+    def __init__(self, mocose_loss: nn.Module):
         settings = mocose_loss.settings
         super().__init__(mocose_loss, settings["ema_decay_start"], settings["ema_decay_end"], settings["ema_decay_horizon"])
         self.mocose_loss = mocose_loss
@@ -165,7 +166,7 @@ class MoCoSELossCallback(EMATargetCallback):
         if state.global_step > 0:
             self._restore(args, state)
         loss._restored = None
-        if rank_and_world()[1] > 1:
+        if get_world_size() > 1:
             broadcast_from_first_rank(loss.online_head, loss.target_encoder, loss.target_head, loss.queue)
         self.head_gradients.max_grad_norm = args.max_grad_norm
         self._training, self._saved_step = True, None

@@ -19,11 +19,10 @@ import torch
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .contract import MoCoSELossParts
+from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
-FGSM_STATE_FILE = "fgsm_rank{rank}.pt"
 MODULES = ("online_head", "target_encoder", "target_head", "queue")
 
 
@@ -61,7 +60,7 @@ def holds_loss_state(checkpoint: Path, process_index: int, main_process: bool, f
     return not fgsm_previous or (folder / FGSM_STATE_FILE.format(rank=process_index)).is_file()
 
 
-def save_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index: int, main_process: bool) -> None:
+def save_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int, main_process: bool) -> None:
     """Writes `checkpoint/mocose_loss/` (the module docstring): `state.pt` if `main_process`, and this
     process's FGSM "previous" sign."""
     folder = Path(checkpoint) / LOSS_STATE_DIR
@@ -70,11 +69,10 @@ def save_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index
         state = {name: getattr(loss, name).state_dict() for name in MODULES}
         state.update(ema_last_decay=loss.callback.last_decay, fingerprint=fingerprint(loss.online_model))
         torch.save(state, folder / STATE_FILE)
-    if loss.fgsm.mode == "previous":
-        torch.save(loss.fgsm.state_dict(), folder / FGSM_STATE_FILE.format(rank=process_index))
+    save_fgsm_state(loss.fgsm, folder, process_index)
 
 
-def load_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
+def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
     """Reads what `save_loss_state` wrote into the loss; returns `{"folder", "fingerprint"}` for the
     check that the model resumed with it is the one it was saved with."""
     folder = Path(checkpoint) / LOSS_STATE_DIR
@@ -85,9 +83,7 @@ def load_loss_state(loss: MoCoSELossParts, checkpoint: str | Path, process_index
     for name in MODULES:
         getattr(loss, name).load_state_dict(state[name])
     loss.callback.last_decay = state["ema_last_decay"]
-    fgsm_file = folder / FGSM_STATE_FILE.format(rank=process_index)
-    if loss.fgsm.mode == "previous" and fgsm_file.is_file():
-        loss.fgsm.load_state_dict(torch.load(fgsm_file, map_location=device, weights_only=True))
+    load_fgsm_state(loss.fgsm, folder, process_index, device)
     return {"folder": folder, "fingerprint": state["fingerprint"]}
 
 

@@ -26,23 +26,18 @@ import torch.distributed as dist
 from accelerate.state import GradientState
 from torch import Tensor, nn
 from torch.autograd import Variable
+from sentence_transformers.util.distributed import get_world_size
 from torch.nn.utils import get_total_norm
 
 from ..training.launch import quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several
 from ..training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
 
 
-def rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "
                      "it wraps, not those of the heads in the loss): launch with DDP.")
 
 
-def refuse_sharded_launch() -> None:
+def refuse_sharded_loss_launch() -> None:
     """No FSDP of any version (accelerate's FSDP2 `prepare()` cannot map the optimizer state of the heads, which
     live in the loss, onto the sharded model; `sharding.refuse_unsupported_sharding`) and no DeepSpeed (see
     `refuse_unsupported_launch`); read from the accelerator, else from the launch environment (also when the loss
@@ -58,12 +53,12 @@ def refuse_sharded_launch() -> None:
 
 
 def refuse_unsupported_launch(args) -> None:
-    """One-line refusals before the first step: FSDP (`refuse_sharded_launch`) and DeepSpeed (they wrap, shard
+    """One-line refusals before the first step: FSDP (`refuse_sharded_loss_launch`) and DeepSpeed (they wrap, shard
     and clip the model alone, not the heads and target the loss keeps), fp16 loss scaling under a gradient clip."""
     from accelerate.state import AcceleratorState, is_initialized
     from accelerate.utils import DistributedType
 
-    refuse_sharded_launch()
+    refuse_sharded_loss_launch()
     if is_initialized() and AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
         raise ValueError(DEEPSPEED_REFUSAL)
     if getattr(args, "fp16", False) and args.max_grad_norm > 0:
@@ -115,10 +110,11 @@ class HeadGradients:
         if not GradientState().sync_gradients:  # an earlier micro-batch of the step: gradients keep accumulating
             return
         grads = [p.grad for p in heads.parameters() if p.grad is not None]
-        world = rank_and_world()[1]
+        world = get_world_size()
         if world > 1 and grads:
+            # One flat all-reduce per step (accelerate's `reduce` runs one per tensor); SUM, then divide: gloo has no AVG.
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)  # SUM, then divide: gloo has no AVG
+            dist.all_reduce(flat)
             flat /= world
             for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
                 grad.copy_(part.view_as(grad))

@@ -1,10 +1,10 @@
 """`MoCoSELoss`: MoCoSE as a sentence-transformers loss, for `SentenceTransformerTrainer`.
 
-The second front end of `MoCoSETrainer`'s method, from the same `KeyQueue`, `info_nce_loss`,
-`EMATargetCallback`, `FGSMPerturbation` and head builders, for any `SentenceTransformer`, with the
-settings of `MoCoSETrainingArguments` under the same names and defaults (`METHOD_DEFAULTS`).
-Its run-time parts live beside it: `st_loss_callback` (the callback the trainer is given),
-`st_loss_checkpoint` (the loss state in checkpoints), `st_loss_distributed` (processes and clipping).
+The second front end of the method: `forward` is an adapter of the step `MoCoSETrainer` runs too
+(`hf_mocose.models.objective.ContrastiveObjective`), on any `SentenceTransformer`, with its own heads,
+EMA target (`EMATargetCallback`) and queue, and the settings of `MoCoSETrainingArguments` under the same
+names and defaults. Its run-time parts live beside it: `st_loss.callback` (the callback the trainer is
+given), `st_loss.checkpoint` (the loss state in checkpoints), `st_loss.distributed` (processes and clipping).
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ from typing import Any
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.util.distributed import all_gather
+from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
 from ..methods.augmentation import FGSMPerturbation
-from ..models.configuration import METHOD_DEFAULTS, resolve_queue_init_size, validate_method_hparams
+from ..models.configuration import METHOD_DEFAULTS, MODEL_CONFIG_FIELDS, MoCoSEConfig, resolve_queue_init_size, validate_method_hparams
 from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
-from ..models.losses import ContrastiveLossOutput, info_nce_loss
+from ..models.modeling import MoCoSEOutput
+from ..models.objective import ContrastiveObjective
 from ..models.queue import KeyQueue
 from ..training.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback, check_training_data
 from .checkpoint import load_loss_state, save_loss_state
-from .distributed import rank_and_world, refuse_sharded_launch
+from .distributed import refuse_sharded_loss_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
 RENAMED_ARGUMENTS = {"ema_decay": "ema_decay_start", "temperature": "contrastive_temperature"}
@@ -188,8 +189,9 @@ class MoCoSELoss(nn.Module):
                              f"{first}). Build it around a transformers encoder: "
                              "SentenceTransformer(modules=[Transformer(...), Pooling(...)]).")
         s = self.settings
-        refuse_sharded_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
-        self.fgsm = FGSMPerturbation(s["fgsm_mode"], s["fgsm_epsilon"], s["fgsm_views"], s["fgsm_epsilon_unit"])
+        refuse_sharded_loss_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
+        fgsm = FGSMPerturbation(s["fgsm_mode"], s["fgsm_epsilon"], s["fgsm_views"], s["fgsm_epsilon_unit"])
+        self.objective = ContrastiveObjective(MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS}), fgsm)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
         hidden = model.get_embedding_dimension()
@@ -216,6 +218,11 @@ class MoCoSELoss(nn.Module):
         # to a new one, whose heads, target and queue must be new too.
         if name == "model" and "_bound_model" in self.__dict__ and _unwrap(value) is not self._bound_model:
             self._bind(_unwrap(value))
+
+    @property
+    def fgsm(self) -> FGSMPerturbation:
+        """FGSM's settings and its "previous" gradient sign (checkpointed per process)."""
+        return self.objective.fgsm
 
     @property
     def online_model(self) -> SentenceTransformer:
@@ -271,14 +278,18 @@ class MoCoSELoss(nn.Module):
         self.target_encoder.train(target_dropout)
         self.target_head.train(target_dropout)
         anchor, positive = features[0], features[-1]
-        perturbation = self._fgsm_perturbation(anchor, positive) if training else None
-        query, words, autocast = self._queries(self.model, anchor, perturbation)
-        if training:
-            self.fgsm.track(words)
         same_input = len(features) == 1 and self.fgsm.perturb_target  # the target reads the perturbed anchor too
-        result, keys = self._contrast(query, self._keys(positive, perturbation if same_input else None, autocast))
-        if training:  # after the loss: it never sees its own keys
-            self.queue.enqueue(keys)
+
+        def encode(perturbation: Tensor | None, probe: bool) -> MoCoSEOutput:
+            query, words, autocast = self._queries(self.online_model if probe else self.model, anchor, perturbation)
+            keys = self._keys(positive, perturbation if same_input else None, autocast)
+            return MoCoSEOutput(query=query, key=keys, word_embeddings=words, fgsm_gradient_at=words)
+
+        shape = anchor["input_ids"].shape
+        if self.fgsm.mode != "off":
+            shape = torch.Size((*shape, _word_embeddings(self.online_model).weight.shape[1]))
+        result, _ = self.objective.step(encode, self.queue, shape, training)
+        if training:
             self.callback.head_gradients.watch(result.loss, self.online_model, self.online_head)
         return result.loss
 
@@ -314,30 +325,6 @@ class MoCoSELoss(nn.Module):
             if handle is not None:
                 handle.remove()
 
-    def _fgsm_perturbation(self, anchor: dict, positive: dict) -> Tensor | None:
-        if self.fgsm.mode == "previous":
-            width = _word_embeddings(self.online_model).weight.shape[1]
-            return self.fgsm.previous_perturbation(torch.Size((*anchor["input_ids"].shape, width)))
-        if self.fgsm.mode == "exact":
-            # Extra pass on the unwrapped model: autograd.grad reaches only the embeddings, so DDP's hooks never fire.
-            query, words, autocast = self._queries(self.online_model, anchor, None)
-            clean, _ = self._contrast(query, self._keys(positive, None, autocast))
-            (gradient,) = torch.autograd.grad(clean.loss, words)
-            return self.fgsm.step(gradient, words)
-        return None
-
-    def _contrast(self, query: Tensor, key: Tensor) -> tuple[ContrastiveLossOutput, Tensor]:
-        """InfoNCE of `(B, D)` queries; returns it with the keys of all processes `(B x processes, D)`, in rank order."""
-        rank, world = rank_and_world()
-        keys = all_gather(key.contiguous()) if world > 1 else key
-        positive_index, candidates = None, key
-        if self.settings["in_batch_negatives"]:
-            positive_index = torch.arange(key.shape[0], device=key.device) + rank * key.shape[0]
-            candidates = keys
-        result = info_nce_loss(query, candidates, self.settings["contrastive_temperature"], positive_index=positive_index,
-                               extra_negatives=self.queue.keys, extra_negative_weights=self.queue.negative_weights())
-        return result, keys
-
     # ----------------------------------------------------------------- data and checkpoints
     def check_dataset(self, dataset, args=None) -> None:
         """Raises a `ValueError` naming what in `dataset` does not fit this loss (`check_training_data`)."""
@@ -346,10 +333,10 @@ class MoCoSELoss(nn.Module):
     def save_state(self, checkpoint: str | Path, args=None) -> None:
         """Writes the loss state into `checkpoint/mocose_loss/` (`st_loss_checkpoint`); the callback does
         this for every checkpoint of a run."""
-        rank = args.process_index if args is not None else rank_and_world()[0]
+        rank = args.process_index if args is not None else get_rank()
         save_loss_state(self, checkpoint, rank, args.should_save if args is not None else rank == 0)
 
     def load_state(self, checkpoint: str | Path) -> None:
         """Reads what `save_state` wrote. Within the run's folder a resumed run does this itself; call it before
         `trainer.train(resume_from_checkpoint=checkpoint)` for a checkpoint elsewhere (e.g. one from the Hub)."""
-        self._restored = load_loss_state(self, checkpoint, rank_and_world()[0])  # checked at on_train_begin
+        self._restored = load_loss_state(self, checkpoint, get_rank())  # checked at on_train_begin

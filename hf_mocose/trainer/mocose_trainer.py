@@ -3,8 +3,8 @@
 The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a
 loaded encoder, raw sentences and a missing tokenizer into what it trains (`trainer_inputs`, as TRL's
 trainers take them). This class overrides only:
-  - `compute_loss`: views (FGSM, embedding augmentations), forward, gathered keys, InfoNCE;
-  - `training_step`: after the backward, enqueue the step's keys (the loss must not see its own keys);
+  - `compute_loss`: an adapter of `hf_mocose.models.objective.ContrastiveObjective.step` (FGSM, forward,
+    negatives, InfoNCE, the enqueue after the backward), the step `MoCoSELoss` runs too;
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - `get_eval_dataloader`/`get_test_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate`
     scores STS-B dev (`eval_stsb_spearman` x100, `compute_metrics`, the Trainer's speed metrics) so
@@ -18,29 +18,25 @@ trainers take them). This class overrides only:
     sub-folders; `Trainer.push_to_hub`'s keywords reach the card.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
 Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
-`_contrastive_loss`; they differ only in configuration.
+`ContrastiveObjective`; they differ only in configuration.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from datasets import Dataset
-from sentence_transformers.util import all_gather_with_grad, is_dist_initialized
-from torch.nn import functional as F
 from transformers import PreTrainedModel, Trainer
 
 from ..data.collator import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
 from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import ema_decay_at
-from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
-from ..models.modeling import MoCoSEModel, MoCoSEOutput
+from ..models.modeling import MoCoSEModel
+from ..models.objective import ContrastiveObjective, load_fgsm_state, save_fgsm_state
 from ..publishing.hub_publishing import HubPublishingMixin
 from ..publishing.training_data_facts import save_card_records
 from ..training.callbacks import EMATargetCallback
@@ -52,28 +48,9 @@ from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .switches import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
-FGSM_STATE_NAME = "fgsm_state_rank{rank}.pt"
+OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # the name before both front ends shared one (0.1)
 logger = logging.getLogger(__name__)
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
-
-
-def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """All-gathers `(B, D)` from every process in rank order, keeping the gradient of the local part.
-
-    sentence-transformers' `all_gather_with_grad`; a single process skips it (it would warn that
-    nothing is distributed).
-    """
-    return all_gather_with_grad(tensor) if is_dist_initialized() and dist.get_world_size() > 1 else tensor
-
-
-def mean_pairwise_cosine(vectors: torch.Tensor) -> torch.Tensor:
-    """Mean cosine between distinct rows of `(N, D)`: near 1 when the representation collapses."""
-    n = vectors.shape[0]
-    if n < 2:
-        return torch.zeros((), device=vectors.device)
-    unit = F.normalize(vectors.detach().float(), dim=1)
-    total = unit.sum(0)
-    return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
 
 
 class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
@@ -127,17 +104,17 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
-        self.fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
-                                     args.fgsm_epsilon_unit)
+        fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
+                                args.fgsm_epsilon_unit)
+        self.objective = ContrastiveObjective(config, fgsm, queue_age_slices=args.queue_age_slices,
+                                              ifcl_forgetting=args.ifcl_forgetting, queue_window=self.queue_window,
+                                              keys_per_enqueue=lambda: self.keys_per_enqueue)
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.ema_callback = None
         if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
             self.add_callback(self.ema_callback)
-        self._pending_keys: torch.Tensor | None = None
-        self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
-        self._metric_steps = 0
 
     @staticmethod
     def _build_una(args: MoCoSETrainingArguments, train_dataset: Dataset | None):
@@ -219,119 +196,44 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return active_queue_window(self.args.target_mtd, decay, self.global_batch_size,
                                    self.accelerator.unwrap_model(self.model).config.queue_size)
 
-    def _gather(self, tensor: torch.Tensor, config) -> torch.Tensor:
-        """Gathers key-branch outputs `(n, D)` of all processes: detached for MoCoSE's target, else with gradient."""
-        if config.uses_target:
-            return self.accelerator.gather(tensor.detach().contiguous())
-        return gather_with_grad(tensor.contiguous())
-
-    def _own_rows(self, local: int, device) -> torch.Tensor:
-        """`(local,)` rows of this process's `local` entries in a tensor gathered from all processes."""
-        return torch.arange(local, device=device) + self.accelerator.process_index * local
-
-    def _contrastive_loss(self, model: MoCoSEModel, outputs: MoCoSEOutput) -> tuple[ContrastiveLossOutput, torch.Tensor]:
-        """InfoNCE for one forward; returns the loss output and the gathered keys `(B_global, D)`."""
-        config, args = model.config, self.args
-        keys = self._gather(outputs.key, config)
-        # Without in-batch negatives each query sees its own key only (with its gradient in SimCSE/IFCL).
-        queries, candidates, positive_index = outputs.query, outputs.key, None
-        if config.in_batch_negatives:
-            positive_index, candidates = self._own_rows(outputs.key.shape[0], keys.device), keys
-        negatives, weights = [], []
-        if config.uses_queue:
-            negatives.append(model.queue.keys)
-            weights.append(model.queue.negative_weights(
-                age_slices=args.queue_age_slices, newest=self.queue_window(),
-                forgetting=args.ifcl_forgetting if config.method == "ifcl" else None,
-                entries_per_batch=self.keys_per_enqueue,
-            ))
-        if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
-            hard = self._gather(outputs.negative_keys, config)
-            if outputs.negative_queries is not None:  # UNA as in its paper: anchors too, with their own positive
-                queries = torch.cat([queries, outputs.negative_queries])
-                own = keys.shape[0] + self._own_rows(outputs.negative_keys.shape[0], hard.device)
-                positive_index, candidates = torch.cat([positive_index, own]), torch.cat([candidates, hard])
-            else:
-                negatives.append(hard)
-                weights.append(torch.ones(hard.shape[0], device=hard.device))
-        result = info_nce_loss(
-            queries, candidates, config.contrastive_temperature, positive_index=positive_index,
-            extra_negatives=torch.cat(negatives) if negatives else None,
-            extra_negative_weights=torch.cat(weights) if weights else None,
-        )
-        if outputs.fraternal_query is not None:
-            result.loss = result.loss + self._fraternal_losses(outputs, config.contrastive_temperature)
-        return result, keys
-
-    def _fraternal_losses(self, outputs: MoCoSEOutput, temperature: float) -> torch.Tensor:
-        """IFCL: l_F (in-batch InfoNCE anchor vs fraternal view, over the global batch) + l_T (Twins loss)."""
-        fraternal = gather_with_grad(outputs.fraternal_query.contiguous())
-        positive_index = self._own_rows(outputs.query.shape[0], fraternal.device)
-        loss_f = info_nce_loss(outputs.query, fraternal, temperature, positive_index=positive_index).loss
-        anchor_input, fraternal_input = outputs.input_embeddings
-        # The identical twin reads the anchor's own text, so its input embedding is the anchor's.
-        loss_t = twins_loss(outputs.query, outputs.key, outputs.fraternal_query, anchor_input, anchor_input, fraternal_input)
-        if self.model.training:
-            self._accumulate({"loss_fraternal": loss_f.detach(), "loss_twins": loss_t.detach()})
-        return loss_f + loss_t
-
     def _use_hard_negatives(self) -> bool:
         return self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
 
+    @property
+    def fgsm(self) -> FGSMPerturbation:
+        """FGSM's settings and its "previous" gradient sign (checkpointed per process)."""
+        return self.objective.fgsm
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The step of `ContrastiveObjective` on `MoCoSEModel.forward` (with UNA's hard negatives when due)."""
         unwrapped = self.accelerator.unwrap_model(model)
         hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
         if model.training and self._use_hard_negatives():
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
-        perturbation = embeddings = None
+        embeddings = None
         if self.fgsm.mode != "off" and self.args.torch_compile:
             # FGSM needs the loss's gradient w.r.t. the online word embeddings, and a compiled model gives
             # gradients to its inputs only: look them up here and pass them in. (Not otherwise: under FSDP2
             # the word embeddings are a sharded unit that must run inside the root module's forward.)
             embeddings = unwrapped.get_input_embeddings()(inputs["input_ids"])
-        if self.fgsm.mode == "exact":
-            # Extra pass on the unwrapped module: autograd.grad reaches only the embeddings, so DDP's
-            # gradient hooks never fire for it.
-            clean = unwrapped(**inputs, inputs_embeds=embeddings, **self.embedding_augmentation.forward_kwargs())
-            clean_loss, _ = self._contrastive_loss(unwrapped, clean)
-            at = clean.word_embeddings if embeddings is None else embeddings
-            (gradient,) = torch.autograd.grad(clean_loss.loss, at)
-            perturbation = self.fgsm.step(gradient, at)
-        elif self.fgsm.mode == "previous":
-            ids = inputs["input_ids"]
-            perturbation = self.fgsm.previous_perturbation(torch.Size((*ids.shape, unwrapped.config.hidden_size)))
-        outputs = model(**inputs, inputs_embeds=embeddings, embedding_perturbation=perturbation,
-                        perturb_target=self.fgsm.perturb_target, **self.embedding_augmentation.forward_kwargs())
-        if model.training:
-            self.fgsm.track(outputs.word_embeddings, gradient_at=embeddings)
-        result, keys = self._contrastive_loss(unwrapped, outputs)
-        if model.training:
-            config = unwrapped.config
-            if config.uses_queue:  # MoCoSE queues target keys; IFCL's hippocampus queues online anchors
-                self._pending_keys = keys.detach() if config.uses_target else self.accelerator.gather(outputs.query.detach())
-            self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
-                              "key_cos": mean_pairwise_cosine(keys)})
+        augmentation = self.embedding_augmentation.forward_kwargs()
+
+        def encode(perturbation, probe):
+            if probe:
+                return unwrapped(**inputs, inputs_embeds=embeddings, **augmentation)
+            return model(**inputs, inputs_embeds=embeddings, embedding_perturbation=perturbation,
+                         perturb_target=self.fgsm.perturb_target, **augmentation)
+
+        shape = torch.Size((*inputs["input_ids"].shape, unwrapped.config.hidden_size))
+        result, outputs = self.objective.step(encode, getattr(unwrapped, "queue", None), shape, model.training)
         return (result.loss, outputs) if return_outputs else result.loss
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        if self._pending_keys is not None:  # after backward: the loss never sees its own keys
-            self.accelerator.unwrap_model(model).queue.enqueue(self._pending_keys)
-            self._pending_keys = None
-        return loss
-
     # ----------------------------------------------------------------- logging
-    def _accumulate(self, values: dict[str, torch.Tensor]) -> None:
-        for name, value in values.items():
-            self._metric_sums[name] += value.detach()
-        self._metric_steps += 1
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and self._metric_steps:
-            for name, total in self._metric_sums.items():
-                logs[name] = round(self.accelerator.reduce(total / self._metric_steps, "mean").item(), 4)
-            self._metric_sums.clear()
-            self._metric_steps = 0
+        metrics = self.objective.pop_metrics() if "loss" in logs else {}
+        if metrics:
+            for name, value in metrics.items():
+                logs[name] = round(self.accelerator.reduce(value, "mean").item(), 4)
             model = self.accelerator.unwrap_model(self.model)
             if model.config.uses_queue:
                 logs["queue_fill"] = int(model.queue.queue_fill)
@@ -382,14 +284,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""
         super()._save_rng_state(output_dir)
-        if self.fgsm.mode == "previous":
-            torch.save(self.fgsm.state_dict(), Path(output_dir) / FGSM_STATE_NAME.format(rank=self.args.process_index))
+        save_fgsm_state(self.fgsm, output_dir, self.args.process_index)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = Path(resume_from_checkpoint) / FGSM_STATE_NAME.format(rank=self.args.process_index)
-        if self.fgsm.mode == "previous" and path.is_file():
-            # Read onto the CPU, then moved: torch.load cannot map to "cpu:0", the device of DDP on CPU.
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            self.fgsm.load_state_dict({name: value.to(self.args.device) if isinstance(value, torch.Tensor) else value
-                                       for name, value in state.items()})
+        load_fgsm_state(self.fgsm, resume_from_checkpoint, self.args.process_index, self.args.device, OLDER_FGSM_STATE_FILE)

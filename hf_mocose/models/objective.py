@@ -1,0 +1,226 @@
+"""One contrastive training step for every method, shared by both front ends.
+
+`MoCoSETrainer.compute_loss` (a `MoCoSEModel`) and `MoCoSELoss.forward` (any `SentenceTransformer`) are
+thin adapters: each hands `ContrastiveObjective.step` one function, `encode(perturbation, probe)`, that
+runs its branches on the batch and returns a `MoCoSEOutput`. Everything else happens here, in order:
+
+1. FGSM on the online word embeddings: "previous" reuses the sign the last backward left (no extra
+   pass), "exact" runs one probe pass on the clean batch and takes its gradient's sign.
+2. The forward: queries `(B, D)` from the online branch, keys `(B, D)` from the EMA target (no gradient)
+   or a second dropout view (SimCSE, IFCL), optional hard negatives and IFCL's fraternal view.
+3. The negatives: the global batch's other keys (gathered from every process, in rank order), the
+   queue with its age windows and IFCL's forgetting weights, UNA's hard negatives.
+4. InfoNCE (`info_nce_loss`), plus IFCL's fraternal InfoNCE and Twins loss.
+5. The enqueue of the step's keys (MoCoSE: target keys; IFCL: online anchors), at the end of the loss's
+   backward pass. Why there: the loss must never see its own keys as negatives, and a forward that the
+   backward recomputes (gradient checkpointing) must see the queue the loss saw; both front ends then
+   enqueue at the same point without a hook of their own (the Trainer's `training_step` and
+   sentence-transformers' loss call differ, the autograd engine is the same).
+
+The EMA update of the target runs after the optimizer step, in `hf_mocose.training.callbacks`.
+Read one step in this order: this module, `modeling.py` (what `encode` runs), `queue.py`, `ema.py`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from sentence_transformers.util.distributed import all_gather, get_rank, get_world_size
+from torch import Tensor
+from torch.autograd import Variable
+from torch.nn import functional as F
+
+from ..methods.augmentation import FGSMPerturbation
+from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
+from .modeling import MoCoSEOutput
+from .queue import KeyQueue
+
+# Each process's FGSM "previous" sign in a checkpoint folder, written and read by both front ends.
+FGSM_STATE_FILE = "fgsm_rank{rank}.pt"
+
+# encode(perturbation (B, L, H) or None, probe) -> MoCoSEOutput. probe=True: FGSM "exact"'s clean pass, run on the
+# unwrapped model so that DDP's gradient hooks never fire for it (autograd.grad reaches only the embeddings).
+Encode = Callable[[Tensor | None, bool], MoCoSEOutput]
+
+
+def gather(tensor: Tensor, with_grad: bool) -> Tensor:
+    """`(n, D)` of every process, concatenated in rank order; `with_grad` keeps the local rows' gradient.
+
+    sentence-transformers' `all_gather`; a single process skips it (it would warn that nothing is distributed).
+    """
+    return all_gather(tensor.contiguous(), with_grad=with_grad) if get_world_size() > 1 else tensor
+
+
+def mean_pairwise_cosine(vectors: Tensor) -> Tensor:
+    """Mean cosine between distinct rows of `(N, D)`: near 1 when the representation collapses."""
+    n = vectors.shape[0]
+    if n < 2:
+        return torch.zeros((), device=vectors.device)
+    unit = F.normalize(vectors.detach().float(), dim=1)
+    total = unit.sum(0)
+    return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
+
+
+def save_fgsm_state(fgsm: FGSMPerturbation, folder: str | Path, rank: int) -> None:
+    """Writes this process's FGSM "previous" state into `folder` (nothing for the other modes)."""
+    if fgsm.mode == "previous":
+        torch.save(fgsm.state_dict(), Path(folder) / FGSM_STATE_FILE.format(rank=rank))
+
+
+def load_fgsm_state(fgsm: FGSMPerturbation, folder: str | Path, rank: int, device, *older_names: str) -> None:
+    """Reads what `save_fgsm_state` wrote (or a file of one of `older_names`, formatted with `rank`), if any."""
+    for name in (FGSM_STATE_FILE, *older_names):
+        path = Path(folder) / name.format(rank=rank)
+        if fgsm.mode == "previous" and path.is_file():
+            # Read onto the CPU, then moved: torch.load cannot map to "cpu:0", the device of DDP on CPU.
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            fgsm.load_state_dict({k: v.to(device) if isinstance(v, Tensor) else v for k, v in state.items()})
+            return
+
+
+def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:
+    """Runs `fn` once the backward pass through `loss` has finished (at once if `loss` has no gradient).
+
+    A hook on `loss` fires as the backward starts and queues `fn` as an autograd final callback, which the
+    engine runs after every gradient (and every recomputed checkpointed forward) of that backward.
+    """
+    if not loss.requires_grad:
+        fn()
+        return
+    engine = Variable._execution_engine
+    loss.register_hook(lambda grad: engine.queue_callback(fn))
+
+
+class ContrastiveObjective:
+    """The training step of every method; the methods differ only in `config`.
+
+    Args:
+        config: what the method is: `method` ("mocose", "simcse", "ifcl"), `contrastive_temperature`,
+            `in_batch_negatives`, `uses_target`, `uses_queue` (a `MoCoSEConfig`).
+        fgsm: the FGSM settings and the "previous" sign (`FGSMPerturbation`; mode "off" for no FGSM).
+        queue_age_slices: age ranges of the queue used as negatives (`queue_slice`), or None for all.
+        ifcl_forgetting: IFCL's lambda (forgetting weight per queued batch), or None.
+        queue_window: returns the newest queue entries in use at this step (`target_mtd`), or None for all.
+        keys_per_enqueue: returns the keys one step enqueues (IFCL's N in its forgetting weights).
+    """
+
+    def __init__(self, config, fgsm: FGSMPerturbation, *, queue_age_slices: list[tuple[int, int]] | None = None,
+                 ifcl_forgetting: float | None = None, queue_window: Callable[[], int | None] | None = None,
+                 keys_per_enqueue: Callable[[], int] | None = None):
+        self.config, self.fgsm = config, fgsm
+        self.queue_age_slices = queue_age_slices
+        self.ifcl_forgetting = ifcl_forgetting if config.method == "ifcl" else None
+        self.queue_window = queue_window or (lambda: None)
+        self.keys_per_enqueue = keys_per_enqueue
+        self.metric_sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(()))
+        self.metric_steps = 0
+
+    # ----------------------------------------------------------------- the step
+    def step(self, encode: Encode, queue: KeyQueue | None, embedding_shape: torch.Size,
+             training: bool) -> tuple[ContrastiveLossOutput, MoCoSEOutput]:
+        """One step: FGSM, the forward, the loss; in training also FGSM's tracking and the enqueue.
+
+        Args:
+            encode: the front end's forward (see `Encode`).
+            queue: the `KeyQueue` of past keys, or None for methods without one.
+            embedding_shape: `(B, L, H)` of the online word embeddings (FGSM "previous" fits its sign to it).
+            training: whether this is a training step (FGSM, tracking, enqueue and metrics only then).
+
+        Returns:
+            The loss output (`loss` scalar, cosine statistics) and the forward's `MoCoSEOutput`.
+        """
+        perturbation = self._fgsm_perturbation(encode, queue, embedding_shape) if training else None
+        outputs = encode(perturbation, False)
+        if training:
+            self.fgsm.track(outputs.word_embeddings, gradient_at=outputs.fgsm_gradient_at)
+        result, keys = self.loss(outputs, queue, training)
+        if training:
+            if queue is not None:  # MoCoSE queues target keys; IFCL's hippocampus queues online anchors
+                queued = keys.detach() if self.config.uses_target else gather(outputs.query.detach(), False)
+                run_after_backward(result.loss, lambda: queue.enqueue(queued))
+            self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
+                              "key_cos": mean_pairwise_cosine(keys)})
+        return result, outputs
+
+    def _fgsm_perturbation(self, encode: Encode, queue: KeyQueue | None, shape: torch.Size) -> Tensor | None:
+        if self.fgsm.mode == "previous":
+            return self.fgsm.previous_perturbation(shape)
+        if self.fgsm.mode == "exact":
+            clean = encode(None, True)
+            (gradient,) = torch.autograd.grad(self.loss(clean, queue, False)[0].loss, clean.fgsm_gradient_at)
+            return self.fgsm.step(gradient, clean.fgsm_gradient_at)
+        return None
+
+    # ----------------------------------------------------------------- the loss
+    def loss(self, outputs: MoCoSEOutput, queue: KeyQueue | None,
+             training: bool = False) -> tuple[ContrastiveLossOutput, Tensor]:
+        """InfoNCE of one forward (plus IFCL's fraternal losses); returns it and the gathered keys `(B_global, D)`."""
+        config = self.config
+        with_grad = not config.uses_target  # MoCoSE's target keys carry no gradient; a dropout view does
+        keys = gather(outputs.key, with_grad)
+        # Without in-batch negatives each query sees its own key only (with its gradient in SimCSE/IFCL).
+        queries, candidates, positive_index = outputs.query, outputs.key, None
+        if config.in_batch_negatives:
+            positive_index, candidates = self._own_rows(outputs.key.shape[0], keys.device), keys
+        negatives, weights = [], []
+        if queue is not None:
+            negatives.append(queue.keys)
+            weights.append(queue.negative_weights(
+                age_slices=self.queue_age_slices, newest=self.queue_window(), forgetting=self.ifcl_forgetting,
+                entries_per_batch=self.keys_per_enqueue() if self.keys_per_enqueue else keys.shape[0]))
+        if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
+            hard = gather(outputs.negative_keys, with_grad)
+            if outputs.negative_queries is not None:  # UNA as in its paper: anchors too, with their own positive
+                queries = torch.cat([queries, outputs.negative_queries])
+                own = keys.shape[0] + self._own_rows(outputs.negative_keys.shape[0], hard.device)
+                positive_index, candidates = torch.cat([positive_index, own]), torch.cat([candidates, hard])
+            else:
+                negatives.append(hard)
+                weights.append(torch.ones(hard.shape[0], device=hard.device))
+        result = info_nce_loss(
+            queries, candidates, config.contrastive_temperature, positive_index=positive_index,
+            extra_negatives=torch.cat(negatives) if negatives else None,
+            extra_negative_weights=torch.cat(weights) if weights else None,
+        )
+        if outputs.fraternal_query is not None:
+            result.loss = result.loss + self._fraternal_losses(outputs, training)
+        return result, keys
+
+    def _fraternal_losses(self, outputs: MoCoSEOutput, training: bool) -> Tensor:
+        """IFCL: l_F (in-batch InfoNCE anchor vs fraternal view, over the global batch) + l_T (Twins loss)."""
+        fraternal = gather(outputs.fraternal_query, True)
+        positive_index = self._own_rows(outputs.query.shape[0], fraternal.device)
+        loss_f = info_nce_loss(outputs.query, fraternal, self.config.contrastive_temperature,
+                               positive_index=positive_index).loss
+        anchor_input, fraternal_input = outputs.input_embeddings
+        # The identical twin reads the anchor's own text, so its input embedding is the anchor's.
+        loss_t = twins_loss(outputs.query, outputs.key, outputs.fraternal_query, anchor_input, anchor_input, fraternal_input)
+        if training:
+            self._accumulate({"loss_fraternal": loss_f, "loss_twins": loss_t}, count=False)
+        return loss_f + loss_t
+
+    @staticmethod
+    def _own_rows(local: int, device) -> Tensor:
+        """`(local,)` rows of this process's `local` entries in a tensor gathered from all processes."""
+        return torch.arange(local, device=device) + get_rank() * local
+
+    # ----------------------------------------------------------------- metrics
+    def _accumulate(self, values: dict[str, Tensor], count: bool = True) -> None:
+        for name, value in values.items():
+            self.metric_sums[name] = self.metric_sums[name].to(value.device) + value.detach()
+        self.metric_steps += count
+
+    def pop_metrics(self) -> dict[str, Tensor]:
+        """This process's mean of each step metric since the last call (0-dim tensors, no host sync), then resets.
+
+        `pos_cos` / `neg_cos`: mean cosine of queries with their positive / their negatives; `key_cos`: mean
+        cosine between the step's keys (near 1 when the representation collapses); IFCL's `loss_fraternal`
+        and `loss_twins`.
+        """
+        steps, sums = self.metric_steps, dict(self.metric_sums)
+        self.metric_sums.clear()
+        self.metric_steps = 0
+        return {name: total / steps for name, total in sums.items()} if steps else {}
