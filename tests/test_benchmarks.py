@@ -1,11 +1,10 @@
-"""Smoke tests of scripts/benchmark_train.py and scripts/benchmark_quality.py on a tiny encoder.
+"""Smoke tests of scripts/benchmarks/ and scripts/research/ on a tiny encoder.
 
 They check that the scripts run end to end and write the documented keys, not the figures.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -14,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/ is a package of the repository root
 
-
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from scripts.benchmarks import (  # noqa: E402
+    benchmark_quality as quality,
+    benchmark_train as bench,
+    quality_tables,
+    train_variants,
+    turn_taking,
+)
+from scripts.research import diagnose_heads, score_interpolations  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +47,7 @@ def sts_dev(tmp_path_factory) -> str:
 
 
 def test_baton_takes_turns_round_robin():
-    bench = _load("benchmark_train")
-    baton = bench.Baton(["a", "b", "c"])
+    baton = turn_taking.Baton(["a", "b", "c"])
     log, steps = [], {"a": 3, "b": 1, "c": 2}
 
     def worker(name):
@@ -70,7 +67,6 @@ def test_baton_takes_turns_round_robin():
 
 
 def test_training_budget_stops_training():
-    quality = _load("benchmark_quality")
     budget = quality.TrainingBudget(0.0)
     control = types.SimpleNamespace(should_training_stop=False)
     state = types.SimpleNamespace(global_step=1, max_steps=10)
@@ -83,7 +79,6 @@ def test_training_budget_stops_training():
 
 def test_training_budget_scores_at_each_mark_once_off_the_clock():
     """--score_at_minutes: the model is scored once per mark passed, in eval mode, and handed back in train mode."""
-    quality = _load("benchmark_quality")
     ticks = iter(0.5 * i for i in range(100))
     seen = []
 
@@ -114,7 +109,6 @@ def test_training_budget_scores_at_each_mark_once_off_the_clock():
 
 
 def test_benchmark_train_smoke(tiny_encoder, corpus, tmp_path):
-    bench = _load("benchmark_train")
     out = tmp_path / "train.json"
     summary = bench.main([
         "--model", tiny_encoder, "--corpus", corpus, "--steps", "2", "--warmup", "1", "--batch_size", "4",
@@ -139,8 +133,7 @@ def test_benchmark_train_smoke(tiny_encoder, corpus, tmp_path):
 
 
 def test_autocast_recorder_names_a_trainer_that_ran_another_precision():
-    variants = _load("train_variants")
-    recorder = variants.AutocastRecorder.__new__(variants.AutocastRecorder)
+    recorder = train_variants.AutocastRecorder.__new__(train_variants.AutocastRecorder)
     recorder.seen = {"online": {"bfloat16"}, "target": {"off"}}
     assert "'target': ['off']" in recorder.problem("bf16")
     recorder.seen = {"online": {"off"}, "target": {"off"}}
@@ -149,7 +142,6 @@ def test_autocast_recorder_names_a_trainer_that_ran_another_precision():
 
 @pytest.mark.slow
 def test_benchmark_train_memory_probe(tiny_encoder, corpus, tmp_path):
-    bench = _load("benchmark_train")
     summary = bench.main([
         "--model", tiny_encoder, "--corpus", corpus, "--steps", "1", "--warmup", "0", "--batch_size", "4",
         "--max_seq_length", "16", "--queue_size", "16", "--variants", "plain", "mocose_previous",
@@ -168,7 +160,6 @@ def _senteval_with_stsb_dev(tmp_path, sts_dev) -> Path:
 
 
 def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
-    quality = _load("benchmark_quality")
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     out, table = tmp_path / "quality.json", tmp_path / "quality.md"
     variants = ["mocose", "mocose_identity_head_lr", "custom:head_init=identity,fgsm_mode=off", "simcse", "st_mnrl",
@@ -199,7 +190,6 @@ def test_benchmark_quality_smoke(tiny_encoder, corpus, sts_dev, tmp_path):
 
 def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev, tmp_path):
     """--score_at_minutes scores each variant at the marks too; --merge joins one-seed runs into one table."""
-    quality = _load("benchmark_quality")
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     common = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.004",
               "--score_at_minutes", "0.00001", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
@@ -230,7 +220,6 @@ def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev,
 
 
 def test_quality_variant_specs():
-    quality = _load("benchmark_quality")
     # the SimCSE baseline keeps the paper's heads whatever the library defaults are
     assert quality.parse_variant("simcse") == (
         "simcse", {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None})
@@ -242,10 +231,9 @@ def test_quality_variant_specs():
 
 
 def test_diagnose_heads_shows_random_heads_lose_the_key_and_identity_heads_keep_it(tiny_encoder, corpus, tmp_path):
-    """scripts/diagnose_heads.py: the step-0 evidence behind the identity-head default (docs/quality.md)."""
-    diagnose = _load("diagnose_heads")
+    """scripts/research/diagnose_heads.py: the step-0 evidence behind the identity-head default (docs/quality.md)."""
     out = tmp_path / "diag.json"
-    results = diagnose.main(["--model", tiny_encoder, "--corpus", corpus, "--n", "16", "--json", str(out)])
+    results = diagnose_heads.main(["--model", tiny_encoder, "--corpus", corpus, "--n", "16", "--json", str(out)])
     assert json.loads(out.read_text()) == results
     paper, identity = results["paper (random heads)"], results["identity heads"]
     # a tiny random encoder tells sentences apart poorly, so only the contrast is asserted
@@ -256,7 +244,6 @@ def test_diagnose_heads_shows_random_heads_lose_the_key_and_identity_heads_keep_
 
 def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_encoder, corpus, sts_dev, tmp_path):
     """--pooling mean: the start, MoCoSE and the ST baseline are all trained and scored on the token mean."""
-    quality = _load("benchmark_quality")
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     args = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
             "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--queue_size", "16",
@@ -265,7 +252,7 @@ def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_en
     cls = quality.main([*args, "--pooling", "cls", "--output_dir", str(tmp_path / "cls")])
     assert mean["pooling"] == "mean" and cls["pooling"] == "cls"
     assert mean["before"]["stsb_dev"] != cls["before"]["stsb_dev"]  # the start is scored with the chosen pooling
-    table = _load("quality_tables").markdown_table
+    table = quality_tables.markdown_table
     assert "(mean pooling), before training" in table(mean) and "pooling), before" not in table(cls)
     from hf_mocose import MoCoSEModel
 
@@ -274,7 +261,7 @@ def test_benchmark_quality_mean_pooling_scores_and_trains_the_token_mean(tiny_en
 
 
 def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, sts_dev, tmp_path):
-    """scripts/score_interpolations.py: alpha 1 scores the start, alpha 0 the trained model, for both model kinds."""
+    """scripts/research/score_interpolations.py: alpha 1 scores the start, alpha 0 the trained model, both kinds."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -283,7 +270,6 @@ def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, 
     from hf_mocose import MoCoSEModel
     from hf_mocose.evaluation.sts import load_sts_task
 
-    interpolations, quality = _load("score_interpolations"), _load("benchmark_quality")
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     tasks = {"stsb_dev": load_sts_task(str(senteval), "stsb_dev")}
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
@@ -310,7 +296,7 @@ def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, 
     st.save(str(tmp_path / "st"))
     assert moved_score != start_score and st_moved != st_start
 
-    result = interpolations.main([str(tmp_path / "mocose"), str(tmp_path / "st"), "--alphas", "1", "0", "0.5",
+    result = score_interpolations.main([str(tmp_path / "mocose"), str(tmp_path / "st"), "--alphas", "1", "0", "0.5",
                                   "--start", tiny_encoder, "--senteval_dir", str(senteval), "--tasks", "stsb_dev",
                                   "--eval_max_length", "64", "--json", str(tmp_path / "line.json")])
     got = {(Path(r["model"]).name, r["alpha"]): r["scores"]["stsb_dev"] for r in result["rows"]}
@@ -320,7 +306,7 @@ def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, 
     assert got[("st", 0.0)] == pytest.approx(st_moved, abs=0.011)
     assert json.loads((tmp_path / "line.json").read_text())["rows"] == result["rows"]
     a, b = {"w": torch.zeros(2), "step": torch.tensor([3])}, {"w": torch.ones(2), "step": torch.tensor([7])}
-    mixed = interpolations.interpolate(a, b, 0.25)
+    mixed = score_interpolations.interpolate(a, b, 0.25)
     assert torch.equal(mixed["w"], torch.full((2,), 0.25)) and mixed["step"].item() == 3
     with pytest.raises(SystemExit, match=r"--alphas \[1.5\]"):
-        interpolations.main([str(tmp_path / "st"), "--alphas", "1.5", "--start", tiny_encoder])
+        score_interpolations.main([str(tmp_path / "st"), "--alphas", "1.5", "--start", tiny_encoder])

@@ -1,6 +1,6 @@
-"""scripts/gpu_check.py, the one-GPU acceptance run (issue 27), in its `--tiny` form on the CPU.
+"""scripts/gpu_check/, the one-GPU acceptance run (issue 27), in its `--tiny` form on the CPU.
 
-The whole run goes through scripts/gpu_check_device.sh, the command prepared for the GPU machine (no wheels to
+The whole run goes through scripts/gpu_check/device.sh, the command prepared for the GPU machine (no wheels to
 install here); the other tests show that the checks fail when what they check is broken.
 """
 
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+DEVICE_SCRIPT = REPO / "scripts" / "gpu_check" / "device.sh"
+sys.path.insert(0, str(REPO))  # scripts/ is a package of the repository root
 CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "fsdp2_world1", "torch_compile")
 SECTIONS = ("setup", "ema_queue", "export", "reference", "fsdp2", "compile", "throughput")
 VARIANTS = ("plain", "mocose_previous")
@@ -27,12 +27,12 @@ VARIANTS = ("plain", "mocose_previous")
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """`bash scripts/gpu_check_device.sh --tiny ...` with two throughput variants (the default has four) and a
+    """`bash scripts/gpu_check/device.sh --tiny ...` with two throughput variants (the default has four) and a
     budget no loaded CI machine runs out of (the default, 110 s, skips what no longer fits)."""
     out = tmp_path_factory.mktemp("gpu_check")
     env = {**os.environ, "GPU_CHECK_OUTPUT": str(out / "report"), "GPU_CHECK_WHEELS": str(out / "no-wheels"),
            "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(SCRIPTS / "gpu_check_device.sh"), "--tiny", "--time_budget", "500",
+    proc = subprocess.run(["bash", str(DEVICE_SCRIPT), "--tiny", "--time_budget", "500",
                            "--variants", *VARIANTS], env=env, capture_output=True, text=True, timeout=900)
     return proc, out / "report"
 
@@ -72,11 +72,11 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
         assert f"| {name} | yes |" in table
     assert table.count("| ok |") >= len(rows) + len(SECTIONS)
     log = (report / "gpu_check.log").read_text()
-    assert f"torch {torch.__version__}" in log and "done in" in log  # the versions line, then gpu_check.py's end
+    assert f"torch {torch.__version__}" in log and "done in" in log  # the versions line, then run.py's end
 
 
 def test_device_script_is_valid_bash():
-    assert subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check_device.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(DEVICE_SCRIPT)]).returncode == 0
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -84,15 +84,15 @@ def test_device_script_is_valid_bash():
     (["--tiny", "--variants", "plain", "bogus"], "--variants bogus: not a throughput variant"),
 ])
 def test_bad_input_is_refused_in_one_line_before_any_work(argv, message, tmp_path):
-    import gpu_check
+    from scripts.gpu_check import run
 
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
-        gpu_check.main(["--output_dir", str(tmp_path / "out"), *argv])
+        run.main(["--output_dir", str(tmp_path / "out"), *argv])
     assert not (tmp_path / "out").exists()
 
 
 def _context(tmp_path):
-    from gpu_check_setup import RunContext, Sizes, build_encoder
+    from scripts.gpu_check.context import RunContext, Sizes, build_encoder
 
     ctx = RunContext(device="cpu", tiny=True, model_path=str(tmp_path / "encoder"), workdir=tmp_path,
                      deadline=time.monotonic() + 600, sizes=Sizes.tiny())
@@ -102,10 +102,9 @@ def _context(tmp_path):
 
 def test_ema_and_queue_checks_fail_when_the_update_or_the_queue_is_wrong(tmp_path, monkeypatch):
     """A lerp with eta and 1 - eta swapped, and keys written one slot off: both checks say NO."""
-    from gpu_check_mocose import check_ema_and_queue
-
     from hf_mocose.models.queue import KeyQueue
     from hf_mocose.training.callbacks import EMATargetCallback
+    from scripts.gpu_check.mocose_checks import check_ema_and_queue
 
     @torch.no_grad()
     def swapped_lerp(self, decay):
@@ -121,7 +120,7 @@ def test_ema_and_queue_checks_fail_when_the_update_or_the_queue_is_wrong(tmp_pat
 
 
 def test_equivalence_check_fails_on_a_different_state_or_loss():
-    from gpu_check_equivalence import LOSS_RTOL, STATE_RTOL, compare
+    from scripts.gpu_check.equivalence import LOSS_RTOL, STATE_RTOL, compare
 
     torch.manual_seed(0)
     start = {"w": torch.randn(10, 10), "queue": torch.randn(4, 3)}

@@ -175,7 +175,8 @@ def test_adapt_recipe_is_the_measured_mocose_adapt_variant(tmp_path, monkeypatch
     script, args = parse_args([str(RECIPES / "adapt-minilm.yaml"), "--output_dir", str(tmp_path)])
     assert script.model_name_or_path == "builtin:all-MiniLM-L6-v2"
     assert args.sentence_pooling == "mean" and args.method == "mocose"
-    spec = importlib.util.spec_from_file_location("benchmark_quality", REPO / "scripts" / "benchmark_quality.py")
+    quality_script = REPO / "scripts" / "benchmarks" / "benchmark_quality.py"
+    spec = importlib.util.spec_from_file_location("benchmark_quality", quality_script)
     quality = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(quality)
     assert quality.ADAPT, "the adaptation recipe is measured as benchmark_quality's ADAPT"

@@ -1,27 +1,28 @@
 #!/usr/bin/env python
 """One-command acceptance run for one GPU: throughput, peak memory and five correctness checks, in ~8 minutes.
 
-    PYTHONUNBUFFERED=1 python scripts/gpu_check.py --output_dir DIR           # on a GPU (cuda when available)
-    python scripts/gpu_check.py --tiny --output_dir DIR                       # the same on the CPU, tiny model
+    bash scripts/gpu_check/device.sh                                  # on the device machine: $OUT/gpu_check
+    PYTHONUNBUFFERED=1 python scripts/gpu_check/run.py --output_dir DIR   # on a GPU (cuda when available)
+    python scripts/gpu_check/run.py --tiny --output_dir DIR               # the same on the CPU, tiny model
 
 Needs torch, transformers, accelerate, sentence-transformers, datasets and this repository (on PYTHONPATH or
 installed); nothing from the Hub: the encoder is a randomly initialised BERT-base built from `BertConfig()`
 (`--tiny`: hidden 32, 2 layers) and its WordPiece tokenizer is made from Python's own documentation
-(scripts/gpu_check_setup.py). Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run
+(context.py). Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run
 cut short still leaves what it measured.
 
 Sections, in order (each timed, skipped with its reason when the time budget is short, its failure recorded
 without stopping the others):
   ema_queue   (a) the EMA target stays fp32 under bf16 autocast and equals a float64 reference lerp after N
-              steps; (b) the key queue equals a CPU float64 replay of the same steps (gpu_check_mocose.py)
+              steps; (b) the key queue equals a CPU float64 replay of the same steps (mocose_checks.py)
   export      (e) the sentence-transformers export's embeddings equal the checkpoint's `MoCoSEModel.embed`
-              on the device (gpu_check_mocose.py)
-  reference   the eager fp32 run that (c) and (d) are compared with (gpu_check_equivalence.py)
+              on the device (mocose_checks.py)
+  reference   the eager fp32 run that (c) and (d) are compared with (equivalence.py)
   fsdp2       (c) FSDP2 (`fully_shard`, torch.distributed with one process) equals the unsharded run
   compile     (d) `torch_compile=True` trains and its losses and state match the eager run
   throughput  sentences/s and peak GPU memory (`torch.cuda.max_memory_allocated`) of plain fine-tuning,
               SimCSE mode, MoCoSE and sentence-transformers MNRL, fp32 and bf16, batch 64 and 256, sequence
-              length 32 (gpu_check_throughput.py); last, with the time left: runs that no longer fit are skipped
+              length 32 (throughput.py); last, with the time left: runs that no longer fit are skipped
 
 Exit status 0 when every section ran whole and every check passed, else 1.
 """
@@ -44,15 +45,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 STARTED = time.monotonic()
-for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_name, "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("WANDB_DISABLED", "true")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars (sentence-transformers' model card makes one)
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
+
+from scripts import REPO  # noqa: E402  (and the offline defaults of every script)
 
 CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "fsdp2_world1", "torch_compile", "export_embeddings")
 
@@ -109,7 +106,7 @@ def section_limit(index: int, ctx, tiny: bool) -> tuple[float, float]:
 
 def write_report(results: dict, output_dir: Path) -> None:
     """gpu_check.json and gpu_check.md, each replaced whole (a reader never sees half a file)."""
-    from gpu_check_report import markdown
+    from scripts.gpu_check.report import markdown
 
     for name, text in (("gpu_check.json", json.dumps(results, indent=1, default=str)),
                        ("gpu_check.md", markdown(results))):
@@ -120,9 +117,9 @@ def write_report(results: dict, output_dir: Path) -> None:
 
 def run_section(section: Section, ctx, results: dict, state: dict, seconds: float) -> None:
     """Runs one section under its time limit and records its outcome in `results`."""
-    from gpu_check_equivalence import check_compile, check_fsdp, recorded_run
-    from gpu_check_mocose import check_ema_and_queue, check_export
-    from gpu_check_throughput import run_throughput
+    from scripts.gpu_check.equivalence import check_compile, check_fsdp, recorded_run
+    from scripts.gpu_check.mocose_checks import check_ema_and_queue, check_export
+    from scripts.gpu_check.throughput import run_throughput
 
     name = section.name
     if name == "ema_queue":
@@ -200,7 +197,7 @@ def parse_args(argv=None):
     parser.add_argument("--sections", nargs="+", default=[s.name for s in SECTIONS],
                         choices=[s.name for s in SECTIONS], help="run only these sections")
     parser.add_argument("--variants", nargs="+", default=None, help="throughput variants (default: all of "
-                        "gpu_check_throughput.VARIANTS)")
+                        "throughput.VARIANTS)")
     parser.add_argument("--work_dir", default=None, help="for the encoder, checkpoints and exports (default: a "
                         "temporary folder, removed at the end)")
     parser.add_argument("--_fsdp_child", default=None, help=argparse.SUPPRESS)
@@ -225,12 +222,12 @@ def main(argv=None) -> int:
         # made each step 5-30x slower (measured on the project's 2-core machine under load).
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args._fsdp_child:
-        from gpu_check_equivalence import fsdp_child
+        from scripts.gpu_check.equivalence import fsdp_child
 
         return fsdp_child(json.loads(args._fsdp_child))
     import torch
-    from gpu_check_setup import RunContext, Sizes, build_encoder, device_facts, quiet_libraries, versions
-    from gpu_check_throughput import VARIANTS
+    from scripts.gpu_check.context import RunContext, Sizes, build_encoder, device_facts, quiet_libraries, versions
+    from scripts.gpu_check.throughput import VARIANTS
 
     device = args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -251,7 +248,7 @@ def main(argv=None) -> int:
     ctx = RunContext(device=device, tiny=args.tiny, model_path=str(workdir / "encoder"), workdir=workdir,
                      deadline=STARTED + budget, sizes=sizes, started=STARTED)
     results = {"schema_version": 1, "checks": {}, "throughput": [], "sections": {}, "meta": {
-        "command": "python scripts/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python scripts/gpu_check/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "tiny": args.tiny,
         "time_budget_s": budget, "git_commit": git_commit(), "versions": versions(), "hardware": device_facts(device),
         "sizes": asdict(sizes), "variants": args.variants}}

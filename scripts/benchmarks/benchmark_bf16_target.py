@@ -20,7 +20,7 @@ twice (the noise the keys carry anyway, with the library's `target_dropout`). Re
 cosine of each key to its fp32 key, the loss, |loss - fp32 loss|, and the cosine between the gradient of the
 loss w.r.t. the queries and the fp32 one.
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/benchmark_bf16_target.py --json bf16_target.json
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/benchmarks/benchmark_bf16_target.py --json bf16_target.json
 """
 
 from __future__ import annotations
@@ -28,21 +28,18 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
+from scripts import DEFAULT_CORPUS, write_outputs  # noqa: E402
 
 
 def target_keys(model, batch: dict, embeddings: torch.Tensor, autocast: bool, heads_fp32: bool = False):
@@ -164,12 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     batch, queue_batch = tokens(sentences[: cfg.batch_size]), tokens(sentences[cfg.batch_size:])
     result = {"cost": cost(model, batch, cfg.rounds), "keys": key_effects(model, batch, queue_batch, cfg.temperature),
-              "threads": torch.get_num_threads(), "command": "python scripts/benchmark_bf16_target.py "
+              "threads": torch.get_num_threads(), "command": "python scripts/benchmarks/benchmark_bf16_target.py "
               + " ".join(sys.argv[1:] if argv is None else argv)}
     print(json.dumps(result, indent=1))
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps(result, indent=1))
-    return result
+    return write_outputs(result, cfg.json)
 
 
 if __name__ == "__main__":

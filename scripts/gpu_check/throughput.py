@@ -1,7 +1,7 @@
-"""scripts/gpu_check.py's throughput section: sentences per second and peak memory of each training variant.
+"""The gpu_check's throughput section: sentences per second and peak memory of each training variant.
 
 Each (batch size, precision, variant) trains alone, one after another, through its real `Trainer.train()` loop
-as `scripts/train_variants.py` builds it (the variants of `scripts/benchmark_train.py`):
+as `scripts.benchmarks.train_variants` builds it (the variants of scripts/benchmarks/benchmark_train.py):
 
   plain            `transformers.Trainer` on the bare encoder, one view, loss mean(h_CLS^2): the floor
   simcse           `MoCoSETrainer`, method="simcse" (two dropout views, in-batch negatives)
@@ -10,8 +10,8 @@ as `scripts/train_variants.py` builds it (the variants of `scripts/benchmark_tra
 
 Precision "bf16" is `bf16=True` in the training arguments (accelerate's autocast; the weights, the EMA target
 and the optimizer state stay fp32). A step is timed from `on_step_begin` to `on_step_end` with a device
-synchronisation at both ends (`turn_taking.make_step_timer`); the figure is the median over the steps after
-the warm-up. Peak memory is `torch.cuda.max_memory_allocated` over the whole run (model, optimizer state,
+synchronisation at both ends (`scripts.benchmarks.turn_taking.StepTimer`); the figure is the median over the
+steps after the warm-up. Peak memory is `torch.cuda.max_memory_allocated` over the whole run (model, optimizer state,
 activations), reset before each run (what was still allocated then is `allocated_before_mib`, included in the
 peak); on the CPU there is none to read.
 """
@@ -19,7 +19,6 @@ peak); on the CPU there is none to read.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import torch
@@ -38,7 +37,8 @@ def plan(ctx, variants=VARIANTS) -> list[tuple[int, str, str]]:
 def measure(ctx, variant: str, precision: str, batch_size: int) -> dict:
     """Trains one variant for warm-up + timed steps; returns its row of the throughput table."""
     from accelerate.utils import is_compiled_module
-    from turn_taking import Baton, make_step_timer
+
+    from scripts.benchmarks.turn_taking import StepTimer
 
     sizes = ctx.sizes
     cfg = ctx.cfg(batch_size, sizes.timed_steps, warmup=sizes.warmup_steps, bf16=precision == "bf16")
@@ -46,10 +46,8 @@ def measure(ctx, variant: str, precision: str, batch_size: int) -> dict:
     ctx.free_memory()
     allocated_before = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else None  # left over: should be ~0
     trainer, _ = ctx.trainer(variant, cfg, sentences, f"tp-{variant}")
-    baton = Baton([variant])  # one runner: the baton only hands the turn back to itself
-    timer = make_step_timer(variant, baton, threading.Event(), torch.device(ctx.device))
+    timer = StepTimer(variant, device=torch.device(ctx.device))  # no baton: one runner, no turns to take
     trainer.add_callback(timer)
-    baton.start()
     trainer.train()
     compiled = is_compiled_module(trainer.model_wrapped)  # never: an earlier compiled run must not carry over
     steps = timer.step_s[cfg.warmup:]

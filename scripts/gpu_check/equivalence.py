@@ -1,9 +1,9 @@
-"""scripts/gpu_check.py's equivalence checks: the same MoCoSE run sharded by FSDP2 (c) and compiled (d) against
+"""The gpu_check's equivalence checks: the same MoCoSE run sharded by FSDP2 (c) and compiled (d) against
 the plain eager run.
 
 All three runs are `MoCoSETrainer` (method "mocose", fgsm_mode "previous") on the same sentences, built by
-`train_variants.build_trainer` with the same seed, in fp32 without dropout (encoder and heads), optimizer SGD,
-so that they are deterministic and an update is proportional to its gradient. Each records the loss of every
+`scripts.benchmarks.train_variants.build_trainer` with the same seed, in fp32 without dropout (encoder and heads),
+optimizer SGD, so that they are deterministic and an update is proportional to its gradient. Each records the loss of every
 step (the value `compute_loss` returned, unrounded) and the whole model state before and after training
 (online and target weights, heads, queue; FSDP2's `DTensor`s gathered). fp32 matrix products are full fp32 in
 every run (TF32 off: accelerate switches it on for compiled fp32 runs on CUDA).
@@ -87,7 +87,7 @@ def recorded_run(ctx, name: str, **overrides) -> dict:
 
 def compare(reference: dict, other: dict, what: str, extra_ok: bool, **detail) -> dict:
     """The check record of `other` against `reference` (see LOSS_RTOL, STATE_RTOL)."""
-    from gpu_check_setup import check_result
+    from scripts.gpu_check.context import check_result
 
     ref, new, start = reference["final"], other["final"], reference["initial"]
     same_keys = sorted(ref) == sorted(new)
@@ -160,14 +160,15 @@ def check_fsdp(ctx, reference: dict, script: Path, seconds: float) -> dict:
 
 def fsdp_child(spec: dict) -> int:
     """The child of `check_fsdp`: trains the equivalence run under FSDP2 and saves what `compare` reads."""
-    from gpu_check_setup import RunContext, Sizes, quiet_libraries
+    from scripts import REPO
+    from scripts.gpu_check.context import RunContext, Sizes, quiet_libraries
 
     quiet_libraries()
     ctx = RunContext(device=spec["device"], tiny=spec["tiny"], model_path=spec["model_path"],
                      workdir=Path(spec["workdir"]), deadline=time.monotonic() + spec["seconds"],
                      sizes=Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["sizes"].items()}))
     if not ctx.cuda:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        sys.path.insert(0, str(REPO / "tests"))
         from fsdp_worker import enable_fsdp_on_cpu  # test-only shim: FSDP on the CPU (see its docstring)
 
         enable_fsdp_on_cpu()

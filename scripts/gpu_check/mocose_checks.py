@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py's checks of MoCoSE's own state on the device: the EMA target (a), the key queue (b) and
+"""The gpu_check's checks of MoCoSE's own state on the device: the EMA target (a), the key queue (b) and
 the sentence-transformers export (e).
 
 (a) and (b) come from one MoCoSE run under `bf16=True` (autocast), `check_steps` optimizer steps, with a queue
@@ -99,7 +99,7 @@ def ema_queue_recorder(model, args):
 
 
 def ema_result(recorder, ema_callback, steps: int) -> dict:
-    from gpu_check_setup import check_result
+    from scripts.gpu_check.context import check_result
 
     params = recorder.params
     dtypes = sorted({str(params[t].dtype) for t, _, _ in recorder.rules})
@@ -121,7 +121,7 @@ def ema_result(recorder, ema_callback, steps: int) -> dict:
 
 def queue_result(recorder, queue, steps: int) -> dict:
     """Replays the enqueued keys on the CPU in float64 from the queue's state before the first step."""
-    from gpu_check_setup import check_result
+    from scripts.gpu_check.context import check_result
 
     keys, ptr, fill = recorder.queue_before
     keys, capacity = keys.clone(), keys.shape[0]
@@ -164,7 +164,6 @@ def check_ema_and_queue(ctx) -> dict:
 
 def check_export(ctx) -> dict:
     """Check (e): the export's embeddings against the checkpoint's `embed`, both on the device."""
-    from gpu_check_setup import check_result
     from sentence_transformers import SentenceTransformer
 
     from hf_mocose.data.corpus import python_docs_sentences
@@ -174,6 +173,7 @@ def check_export(ctx) -> dict:
         probe_sentences,
         reference_embeddings,
     )
+    from scripts.gpu_check.context import check_result
 
     cfg = ctx.cfg(ctx.sizes.check_batch, 2)
     sentences, _ = ctx.sentences(cfg.steps * cfg.batch_size)

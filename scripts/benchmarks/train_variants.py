@@ -1,4 +1,5 @@
-"""The trainers scripts/benchmark_train.py times, one per variant and precision, and the sentences they train on.
+"""The trainers benchmark_train.py times (and gpu_check trains), one per variant and precision, the sentences they
+train on, and the building blocks benchmark_quality.py shares.
 
 See that script's docstring for what each variant is; `build_trainer(name, ...)` returns a ready
 `Trainer` whose `train()` runs `cfg.warmup + cfg.steps` optimizer steps. A name is a variant in fp32
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from turn_taking import sync_device
+
+from scripts.benchmarks.turn_taking import sync_device
 
 VARIANTS = ("plain", "floor", "simcse", "mocose_previous", "mocose_exact", "st_mnrl")
 PRECISIONS = ("fp32", "bf16")
@@ -59,25 +61,50 @@ def benchmark_sentences(tokenizer, corpus: str | None, n: int, max_seq_length: i
     return pool[:n], False
 
 
-def _common_args(cfg, output_dir: str, precision: str = "fp32") -> dict:
-    return dict(
-        output_dir=output_dir,
-        # autocast, as users switch it on: a `_bf16` variant name, or `cfg.bf16` (scripts/gpu_check.py sets it)
-        bf16=precision == "bf16" or getattr(cfg, "bf16", False),
-        per_device_train_batch_size=cfg.batch_size,
-        max_steps=cfg.warmup + cfg.steps,
-        learning_rate=3e-5,
-        weight_decay=1e-6,
-        logging_strategy="no",
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        use_cpu=cfg.device == "cpu",
-        seed=cfg.seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        dataloader_drop_last=True,
-    )
+def trainer_fields(output_dir: str, batch_size: int, max_steps: int, device: str, seed: int, **more) -> dict:
+    """The `TrainingArguments` fields every benchmark run shares (no saving, evaluation or reports), and `more`."""
+    return dict(output_dir=output_dir, per_device_train_batch_size=batch_size, max_steps=max_steps, weight_decay=1e-6,
+                save_strategy="no", eval_strategy="no", report_to="none", use_cpu=device == "cpu", seed=seed,
+                disable_tqdm=True, dataloader_num_workers=0, dataloader_drop_last=True, **more)
+
+
+def sentence_transformer(model_path: str, max_seq_length: int, pooling: str, device: str):
+    """A `SentenceTransformer` of Transformer + Pooling(`pooling`) on `device`."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    transformer = Transformer(model_path, max_seq_length=max_seq_length)
+    pooler = Pooling(transformer.auto_model.config.hidden_size, pooling_mode=pooling)
+    return SentenceTransformer(modules=[transformer, pooler], device=device)
+
+
+def st_mnrl_trainer(model, sentences: list[str], fields: dict, scale: float):
+    """`SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs: the SimCSE recipe of
+    sentence-transformers."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    return SentenceTransformerTrainer(
+        model=model, args=SentenceTransformerTrainingArguments(**fields),
+        train_dataset=Dataset.from_dict({"anchor": sentences, "positive": sentences}),
+        loss=MultipleNegativesRankingLoss(model, scale=scale))
+
+
+def mocose_trainer(model_path: str, tokenizer, sentences: list[str], max_seq_length: int, fields: dict):
+    """`MoCoSETrainer` with `MoCoSETrainingArguments(**fields)` on `sentences` tokenised to `max_seq_length`."""
+    from datasets import Dataset
+
+    from hf_mocose import MoCoSEModel
+    from hf_mocose.data.corpus import tokenize_sentences
+    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
+    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
+
+    args = MoCoSETrainingArguments(**fields)
+    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
+    tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, max_seq_length)
+    return MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
 
 
 def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_dir: str, **overrides):
@@ -86,33 +113,24 @@ def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_
     `overrides`: further `TrainingArguments` fields, e.g. `optim`, `fsdp`, `torch_compile`, or for the
     `MoCoSETrainer` variants `MoCoSETrainingArguments` ones (`encoder_dropout`, `queue_init_size`, ...).
     """
-    from datasets import Dataset
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
     from hf_mocose.training.precision import recorded_autocast
 
     variant, precision = split_variant_name(name)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # autocast, as users switch it on: a `_bf16` variant name, or `cfg.bf16` (gpu_check sets it)
+    fields = {**trainer_fields(output_dir, cfg.batch_size, cfg.warmup + cfg.steps, cfg.device, cfg.seed,
+                               bf16=precision == "bf16" or getattr(cfg, "bf16", False), learning_rate=3e-5,
+                               logging_strategy="no"), **overrides}
     if variant == "st_mnrl":
-        from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-        from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+        model = sentence_transformer(model_path, cfg.max_seq_length, "cls", cfg.device)
+        return st_mnrl_trainer(model, sentences, fields, scale=20.0), None
 
-        transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)
-        hidden = transformer.auto_model.config.hidden_size
-        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="cls")], device=cfg.device)
-        dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-        args = SentenceTransformerTrainingArguments(**{**_common_args(cfg, output_dir, precision), **overrides})
-        trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model, scale=20.0)
-        )
-        return trainer, None
-
-    from hf_mocose.data.corpus import tokenize_sentences
-
-    tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     if variant in ("plain", "floor"):
+        from datasets import Dataset
+
+        from hf_mocose.data.corpus import tokenize_sentences
 
         class PlainStepTrainer(Trainer):
             frozen_copy = None  # "floor": an encoder copy run without gradient, like MoCoSE's target
@@ -126,28 +144,22 @@ def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_
                 loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
                 return (loss, cls) if return_outputs else loss
 
+        tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
         model = AutoModel.from_pretrained(model_path, add_pooling_layer=False)
         collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=cfg.max_seq_length)
-        args = TrainingArguments(**{**_common_args(cfg, output_dir, precision), **overrides})
+        args = TrainingArguments(**fields)
         trainer = PlainStepTrainer(model=model, args=args, train_dataset=tokenized, data_collator=collator)
         if variant == "floor":
             frozen = AutoModel.from_pretrained(model_path, add_pooling_layer=False).to(args.device).train()
             trainer.frozen_copy = frozen.requires_grad_(False)
         return trainer, None
 
-    from hf_mocose import MoCoSEModel
-    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
-    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
-
     method, fgsm = {"simcse": ("simcse", "off"), "mocose_previous": ("mocose", "previous"),
                     "mocose_exact": ("mocose", "exact")}[variant]
-    args = MoCoSETrainingArguments(**{
-        **_common_args(cfg, output_dir, precision), "method": method, "fgsm_mode": fgsm,
-        "max_seq_length": cfg.max_seq_length, "queue_size": cfg.queue_size, "queue_init_size": min(128, cfg.queue_size), "pad_to_max_length": True,
-        "sentence_pooling": "cls", **overrides,
-    })
-    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
-    trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
+    trainer = mocose_trainer(model_path, tokenizer, sentences, cfg.max_seq_length, {
+        **fields, "method": method, "fgsm_mode": fgsm, "max_seq_length": cfg.max_seq_length,
+        "queue_size": cfg.queue_size, "queue_init_size": min(128, cfg.queue_size), "pad_to_max_length": True,
+        "sentence_pooling": "cls", **overrides})
     return trainer, trainer.ema_callback
 
 

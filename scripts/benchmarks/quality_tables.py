@@ -1,4 +1,4 @@
-"""Tables of `scripts/benchmark_quality.py`: per-variant mean ± std over seeds, the budget curve, and merging
+"""Tables of benchmark_quality.py: per-variant mean ± std over seeds, the budget curve, and merging
 the `--json` results of separate processes (one seed each, run side by side) into one table."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+
+from scripts import write_outputs
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -61,11 +63,7 @@ def write_summary(summary: dict, json_path: str | None, markdown_path: str | Non
     table = markdown_table(summary)
     summary["markdown"] = table
     print(table)
-    if json_path:
-        Path(json_path).write_text(json.dumps(summary, indent=1))
-    if markdown_path:
-        Path(markdown_path).write_text(table + "\n")
-    return summary
+    return write_outputs(summary, json_path, markdown_path, table)
 
 
 def summarise(details: dict, variants: dict, tasks: list[str]) -> dict:

