@@ -9,11 +9,20 @@ first training step with an error that names this fix. Event by event:
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
 * `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip), the data checks, a resumed run's loss
   state, rank 0's heads, target and queue on every process.
-* `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss_distributed`).
+* `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
 * `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
   `on_evaluate` (`save_strategy="best"`, deciding as the Trainer is about to): the loss state written into
   the coming checkpoint, so it is there before `_save_checkpoint` starts a Hub push; `on_save` checks.
+
+The loss state in the Trainer's checkpoints: `SentenceTransformerTrainer` saves and restores the model only. The loss's own state goes into
+`checkpoint-N/mocose_loss/` of the run's folder: `state.pt` (online heads, target encoder and head,
+queue with pointer and fill, last EMA decay, a fingerprint of the model weights; by the main process)
+and, for FGSM "previous", each process's last gradient sign (`fgsm_rank{r}.pt`).
+
+The run's folder is `output_dir`, or under hyperparameter search the trial's: `output_dir/<hp_name(trial)>`
+when the search has an `hp_name` (the Trainer records it as `state.trial_name`), else the folder
+`output_dir/run-<id>` the Trainer has just written the checkpoint into (`locate_checkpoint`).
 """
 
 from __future__ import annotations
@@ -22,26 +31,97 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
 from sentence_transformers.util.distributed import get_world_size
-from transformers.trainer_utils import HubStrategy, SaveStrategy
+from torch import Tensor, nn
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
+from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from ..training.callbacks import EMATargetCallback
-from .checkpoint import (
-    LOSS_STATE_DIR,
-    STATE_FILE,
-    checkpoint_folder,
-    fingerprint,
-    holds_loss_state,
-    is_new_best,
-    load_loss_state,
-    locate_checkpoint,
-    run_folder,
-    save_loss_state,
-)
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
+
+# ----------------------------------------------------------------- the loss state in checkpoints
+LOSS_STATE_DIR = "mocose_loss"
+STATE_FILE = "state.pt"
+MODULES = ("online_head", "target_encoder", "target_head", "queue")
+
+
+def fingerprint(model: nn.Module) -> Tensor:
+    """`(P,)` float64 sums of the model's parameters: ties a saved loss state to the model weights of its checkpoint."""
+    return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
+
+
+def run_folder(args, state) -> Path | None:
+    """Where this run's `checkpoint-N` folders go, or None under a hyperparameter search without `hp_name`
+    (the Trainer names those folders from the search backend's trial id, which callbacks are not given)."""
+    if not state.is_hyper_param_search:
+        return Path(args.output_dir)
+    return Path(args.output_dir) / state.trial_name if state.trial_name else None
+
+
+def checkpoint_folder(args, state) -> Path | None:
+    folder = run_folder(args, state)
+    return None if folder is None else folder / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+
+
+def locate_checkpoint(args, state) -> Path | None:
+    """The `checkpoint-N` folder of this step the Trainer wrote last, in `output_dir` or a trial folder in it."""
+    name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+    root = Path(args.output_dir)
+    candidates = [folder for folder in (root / name, *root.glob(f"*/{name}")) if folder.is_dir()]
+    return max(candidates, key=lambda folder: folder.stat().st_mtime_ns, default=None)
+
+
+def holds_loss_state(checkpoint: Path, process_index: int, main_process: bool, fgsm_previous: bool) -> bool:
+    """Whether `checkpoint` has what this process writes into it."""
+    folder = Path(checkpoint) / LOSS_STATE_DIR
+    if main_process and not (folder / STATE_FILE).is_file():
+        return False
+    return not fgsm_previous or (folder / FGSM_STATE_FILE.format(rank=process_index)).is_file()
+
+
+def save_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int, main_process: bool) -> None:
+    """Writes `checkpoint/mocose_loss/` (the module docstring): `state.pt` if `main_process`, and this
+    process's FGSM "previous" sign."""
+    folder = Path(checkpoint) / LOSS_STATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    if main_process:
+        state = {name: getattr(loss, name).state_dict() for name in MODULES}
+        state.update(ema_last_decay=loss.callback.last_decay, fingerprint=fingerprint(loss.online_model))
+        torch.save(state, folder / STATE_FILE)
+    save_fgsm_state(loss.fgsm, folder, process_index)
+
+
+def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
+    """Reads what `save_loss_state` wrote into the loss; returns `{"folder", "fingerprint"}` for the
+    check that the model resumed with it is the one it was saved with."""
+    folder = Path(checkpoint) / LOSS_STATE_DIR
+    if not (folder / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{folder / STATE_FILE} does not exist: {checkpoint} holds no MoCoSELoss state.")
+    device = loss.queue.keys.device
+    state = torch.load(folder / STATE_FILE, map_location=device, weights_only=True)
+    for name in MODULES:
+        getattr(loss, name).load_state_dict(state[name])
+    loss.callback.last_decay = state["ema_last_decay"]
+    load_fgsm_state(loss.fgsm, folder, process_index, device)
+    return {"folder": folder, "fingerprint": state["fingerprint"]}
+
+
+def is_new_best(args, state, metrics: dict[str, float]) -> bool:
+    """What `Trainer._determine_best_metric` is about to decide from `metrics` (`on_evaluate` runs before
+    it updates `state.best_metric`): whether `save_strategy="best"` saves this step."""
+    name = args.metric_for_best_model
+    if name is None:
+        return False
+    key = name if name.startswith("eval_") else f"eval_{name}"
+    if key not in metrics:
+        return False
+    if state.best_metric is None:
+        return True
+    return metrics[key] > state.best_metric if args.greater_is_better else metrics[key] < state.best_metric
+
 
 HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels

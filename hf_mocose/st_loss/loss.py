@@ -4,7 +4,7 @@ The second front end of the method: `forward` is an adapter of the step `MoCoSET
 (`hf_mocose.models.objective.ContrastiveObjective`), on any `SentenceTransformer`, with its own heads,
 EMA target (`EMATargetCallback`) and queue, and the settings of `MoCoSETrainingArguments` under the same
 names and defaults. Its run-time parts live beside it: `st_loss.callback` (the callback the trainer is
-given), `st_loss.checkpoint` (the loss state in checkpoints), `st_loss.distributed` (processes and clipping).
+given, which also keeps the loss state in checkpoints), `st_loss.distributed` (processes and clipping).
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from ..models.modeling import MoCoSEOutput
 from ..models.objective import ContrastiveObjective
 from ..models.queue import KeyQueue
 from ..training.precision import AutocastState, recorded_autocast
-from .callback import MoCoSELossCallback, check_training_data
-from .checkpoint import load_loss_state, save_loss_state
+from .callback import MoCoSELossCallback, check_training_data, load_loss_state, save_loss_state
 from .distributed import refuse_sharded_loss_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
@@ -331,7 +330,7 @@ class MoCoSELoss(nn.Module):
         check_training_data(self, dataset, args)
 
     def save_state(self, checkpoint: str | Path, args=None) -> None:
-        """Writes the loss state into `checkpoint/mocose_loss/` (`st_loss_checkpoint`); the callback does
+        """Writes the loss state into `checkpoint/mocose_loss/` (`st_loss.callback`); the callback does
         this for every checkpoint of a run."""
         rank = args.process_index if args is not None else get_rank()
         save_loss_state(self, checkpoint, rank, args.should_save if args is not None else rank == 0)
