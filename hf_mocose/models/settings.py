@@ -3,7 +3,8 @@
 `METHOD_SETTINGS` is the one description. Everything else is generated from it:
 
 * `MoCoSEConfig`'s method fields (`model=True`): its keyword arguments, defaults and `config.json` entries;
-* `MoCoSETrainingArguments`' fields (`args=True`), with their `--help` (`training_fields`);
+* `MoCoSETrainingArguments`' fields (`args=True`), with their `--help` (`trainer/training_args.py`
+  makes a dataclass of them, `MethodSettingsArguments`, and mixes it in);
 * `MoCoSELoss`'s keyword arguments (`loss=True`) and its signature (`with_keywords`);
 * the model card's rows (`label`; the card reads a model field's value from `config.json`);
 * one validation (`take_settings` / `validate_settings`), so every front end refuses the same values in
@@ -39,7 +40,7 @@ class Setting:
 
     Attributes:
         name, type, default: the keyword, its type (as `HfArgumentParser` reads it) and its default.
-        help: one line for `--help`; `doc` adds what the docstrings say beyond it.
+        help: the `--help` text; `doc`: what the generated docstrings (`describe`) add to it.
         group: where the setting belongs (`method`, `model`, `queue`, `target`, `fgsm`, `optimizer`); the card
             shows the `target`/`fgsm` rows first among the training arguments, the `optimizer` one by the
             learning rate.
@@ -272,13 +273,14 @@ def with_keywords(settings: tuple[Setting, ...], more: bool = True):
 
 
 def describe(settings: tuple[Setting, ...], indent: int = 4, mark_model: bool = False) -> str:
-    """Docstring entries of `settings`: `name (`type`, defaults to `default`): help doc`, grouped by `group`."""
+    """Docstring entries of `settings`, in order: `name (`type`, defaults to `default`):` then its help and doc;
+    `mark_model` marks the `MoCoSEConfig` fields *(model)*."""
     lines = []
     for s in settings:
         type_name = getattr(s.type, "__name__", None) or str(s.type).replace("NoneType", "None")
         model = "*(model)* " if mark_model and s.model else ""
         text = " ".join(part for part in (model + s.help, s.doc) if part)
         lines.append(" " * indent + f"{s.name} (`{type_name}`, defaults to `{s.default!r}`):")
-        lines += textwrap.wrap(text, 112 - indent - 4, initial_indent=" " * (indent + 4),
-                               subsequent_indent=" " * (indent + 4))
+        lines += textwrap.wrap(text, 112, initial_indent=" " * (indent + 4), subsequent_indent=" " * (indent + 4),
+                               break_on_hyphens=False, break_long_words=False)
     return "\n".join(lines)
