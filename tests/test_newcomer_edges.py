@@ -41,7 +41,7 @@ def test_python_door_drops_blank_sentences_as_the_command_line_does(tiny_encoder
 # ----------------------------------------------------------------------------- derived defaults
 def test_queue_init_size_default_fits_any_queue(tmp_path, tiny_encoder):
     from hf_mocose import MoCoSEConfig, MoCoSEModel
-    from hf_mocose.models.configuration import METHOD_DEFAULTS
+    from hf_mocose.models.settings import METHOD_DEFAULTS
     from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     assert METHOD_DEFAULTS["queue_init_size"] is None

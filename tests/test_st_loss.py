@@ -53,21 +53,22 @@ def test_no_call_stack_search_in_the_package():
         assert not any(word in source for word in ("_getframe", "inspect.stack", "f_back")), path
 
 
-def test_one_vocabulary_with_the_training_arguments():
-    """Every MoCoSELoss setting is a MoCoSETrainingArguments field of the same name and default, both from
-    METHOD_DEFAULTS; MoCoSEConfig's share them too. Fails on any drift."""
+def test_signatures_show_the_settings_with_their_defaults():
+    """`help()` / `inspect.signature` of the loss and the config list their keywords with the defaults the training
+    arguments have (all three come from `hf_mocose.models.settings`; tests/test_structure.py checks it is the one
+    declaration)."""
     from hf_mocose import MoCoSEConfig, MoCoSELoss, MoCoSETrainingArguments
-    from hf_mocose.models.configuration import METHOD_DEFAULTS
 
-    loss_defaults = {name: p.default for name, p in inspect.signature(MoCoSELoss.__init__).parameters.items()
-                     if p.kind is inspect.Parameter.KEYWORD_ONLY}
     field_defaults = {f.name: f.default for f in dataclasses.fields(MoCoSETrainingArguments)}
-    assert loss_defaults == dict(METHOD_DEFAULTS)
-    assert {name: field_defaults[name] for name in METHOD_DEFAULTS} == dict(METHOD_DEFAULTS)
-    config_defaults = {name: p.default for name, p in inspect.signature(MoCoSEConfig.__init__).parameters.items()}
-    shared = set(config_defaults) & set(METHOD_DEFAULTS)
-    assert shared >= {"contrastive_temperature", "queue_size", "queue_init_size", "head_init", "target_dropout"}
-    assert {name: config_defaults[name] for name in shared} == {name: METHOD_DEFAULTS[name] for name in shared}
+    loss_params = inspect.signature(MoCoSELoss).parameters
+    loss_defaults = {name: p.default for name, p in loss_params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert {"ema_decay_start", "queue_size", "fgsm_epsilon", "head_learning_rate"} <= set(loss_defaults)
+    assert loss_defaults == {name: field_defaults[name] for name in loss_defaults}
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in loss_params.values())  # others are refused
+    config_defaults = {name: p.default for name, p in inspect.signature(MoCoSEConfig).parameters.items()}
+    shared = set(config_defaults) & set(field_defaults)
+    assert {"contrastive_temperature", "queue_size", "queue_init_size", "head_init", "target_dropout"} <= shared
+    assert {name: config_defaults[name] for name in shared} == {name: field_defaults[name] for name in shared}
 
 
 @pytest.mark.parametrize("old, new", [("ema_decay", "ema_decay_start"), ("temperature", "contrastive_temperature")])

@@ -219,3 +219,58 @@ def test_moved_names_are_still_importable_from_evaluation():
         assert getattr(sts, name) is getattr(sts_files, name)
     for name in trainer_evaluation.__all__:
         assert getattr(trainer_sts, name) is getattr(trainer_evaluation, name)
+
+
+# The method hyper-parameters the one description must cover (issue 34: each declared in at most 3 files).
+CORE_METHOD_SETTINGS = {
+    "ema_decay_start", "ema_decay_end", "ema_decay_horizon", "queue_size", "queue_init_size", "fgsm_epsilon",
+    "fgsm_mode", "contrastive_temperature", "in_batch_negatives", "head_learning_rate", "head_init",
+    "projection_layers", "predictor_layers", "target_dropout",
+}
+MAX_SETTING_FILES = 3
+# Settings whose name is also another thing's: `max_seq_length` is sentence-transformers' word for the inference
+# length too, which the export and its command line take under that name.
+OTHER_MEANINGS = {"max_seq_length"}
+
+
+def _declared_names(source: str) -> set[str]:
+    """Names `source` declares or passes by name: `name: type = ...` fields, `"name":` dict keys, `name=`
+    defaults in a `def`, and `name=...` keywords in a call. Reads (`args.name`, `settings["name"]`) do not count."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+        elif isinstance(node, ast.Dict):
+            found |= {key.value for key in node.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            positional = node.args.posonlyargs + node.args.args
+            found |= {arg.arg for arg in positional[len(positional) - len(node.args.defaults):]}
+            found |= {arg.arg for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults) if default is not None}
+        elif isinstance(node, ast.Call):
+            found |= {keyword.arg for keyword in node.keywords if keyword.arg}
+    return found
+
+
+def test_the_declaration_scan_sees_every_form():
+    """The scanner itself: each way of declaring or passing a setting counts, a read does not."""
+    for source in ("class A:\n    queue_size: int = 512", "D = {'queue_size': 512}", "def f(queue_size=512): ...",
+                   "def f(*, queue_size=512): ...", "f(queue_size=512)", "dict(queue_size=1)"):
+        assert "queue_size" in _declared_names(source), source
+    for source in ("args.queue_size", "settings['queue_size']", "def f(queue_size): ...", "x = 'queue_size'"):
+        assert "queue_size" not in _declared_names(source), source
+
+
+def test_each_method_setting_is_declared_in_at_most_three_files():
+    """Each method hyper-parameter is declared once (`hf_mocose.models.settings`): the model config, the training
+    arguments, the loss's keywords and the card's rows are generated from it, so none of them repeats the name."""
+    from hf_mocose.models.settings import METHOD_SETTINGS
+
+    names = {setting.name for setting in METHOD_SETTINGS} - OTHER_MEANINGS
+    assert CORE_METHOD_SETTINGS <= names
+    files: dict[str, list[str]] = {name: [] for name in names}
+    for path in _all_files():
+        for name in _declared_names(path.read_text(encoding="utf-8")) & names:
+            files[name].append(str(path.relative_to(PACKAGE_DIR)))
+    assert all(files[name] for name in CORE_METHOD_SETTINGS)  # the scan found the declarations
+    spread = {name: paths for name, paths in files.items() if len(paths) > MAX_SETTING_FILES}
+    assert spread == {}, f"declared in more than {MAX_SETTING_FILES} files: {spread}"

@@ -44,14 +44,7 @@ class FGSMPerturbation:
 
     def __init__(self, mode: str = "previous", epsilon: float = 5e-9, views: str = "both",
                  epsilon_unit: str = "absolute"):
-        if mode not in FGSM_MODES:
-            raise ValueError(f"Unknown fgsm_mode {mode!r}; choose one of {', '.join(FGSM_MODES)}.")
-        if views not in FGSM_VIEWS:
-            raise ValueError(f"Unknown fgsm_views {views!r}; choose one of {', '.join(FGSM_VIEWS)}.")
-        if epsilon_unit not in FGSM_EPSILON_UNITS:
-            raise ValueError(f"Unknown fgsm_epsilon_unit {epsilon_unit!r}; choose one of {', '.join(FGSM_EPSILON_UNITS)}.")
-        if epsilon < 0:
-            raise ValueError(f"fgsm_epsilon must be >= 0, got {epsilon!r}.")
+        # The values come checked from the method settings (`hf_mocose.models.settings.validate_settings`).
         self.mode, self.epsilon, self.views, self.epsilon_unit = mode, epsilon, views, epsilon_unit
         self.last_gradient_sign: torch.Tensor | None = None
         self.last_step_size: torch.Tensor | float = epsilon

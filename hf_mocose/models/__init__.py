@@ -1,6 +1,7 @@
 """The model: `MoCoSEConfig` and `MoCoSEModel` (online and EMA target branches, heads, key queue) and what they are made of.
 
-- `configuration`: `MoCoSEConfig` (the encoder's config nested inside) and the methods' defaults.
+- `settings`: the method settings, each declared once (default, help, card label) and validated in one place.
+- `configuration`: `MoCoSEConfig` (the encoder's config nested inside; its method fields from `settings`).
 - `modeling`: `MoCoSEModel`, one `PreTrainedModel` holding both branches, the heads and the queue as state.
 - `encoder_init`: building and loading the encoders a model starts from.
 - `heads` (pooler, projection, predictor), `pooling` ([CLS] / mean), `queue` (`KeyQueue`, the FIFO of keys),

@@ -60,17 +60,6 @@ def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> 
                              f"and {tuple(target.to_local().shape)} (target) do not pair up.")
 
 
-def validate_ema_decay(start: float, end: float, horizon: int | None = None,
-                       names: tuple[str, str] = ("ema_decay_start", "ema_decay_end")) -> None:
-    """Raises a `ValueError` naming the argument (`names`) whose decay lies outside [0, 1], or a bad horizon."""
-    for name, value in zip(names, (start, end)):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
-        raise ValueError(f"ema_decay_horizon must be a whole number of optimizer steps >= 1 (or None for the "
-                         f"run length), got {horizon!r}.")
-
-
 def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: Iterable[torch.Tensor] = ()) -> EMATensorPairs:
     """Matching tensors of online modules and their target copies, for the EMA update.
 

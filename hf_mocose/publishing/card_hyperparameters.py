@@ -14,22 +14,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..models.settings import METHOD_SETTINGS
+
 TRAINING_ARGS_JSON = "training_args.json"
 
-# Training-argument fields shown in the card, with their labels (model fields come from config.json).
+
+
+def _setting_rows(*groups: str) -> dict[str, str]:
+    """The card labels of the training-only method settings of `groups`, in their declared order."""
+    return {s.name: s.label for s in METHOD_SETTINGS if s.label and not s.model and s.group in groups}
+
+
+# Training-argument fields shown in the card, with their labels (model fields come from config.json); the
+# method settings' labels are declared with them (`hf_mocose.models.settings`).
 TRAINING_FIELDS = {
-    "ema_decay_start": "EMA decay η at the first step",
-    "ema_decay_end": "EMA decay η at the end of the cosine ramp",
-    "ema_decay_horizon": "EMA ramp length (optimizer steps)",
-    "fgsm_mode": "FGSM mode",
-    "fgsm_epsilon": "FGSM epsilon",
-    "fgsm_epsilon_unit": "FGSM epsilon unit",
-    "fgsm_views": "FGSM perturbed branches",
+    **_setting_rows("target", "fgsm"),
     "per_device_train_batch_size": "batch size per device",
     "gradient_accumulation_steps": "gradient accumulation steps",
     "world_size": "processes",
     "learning_rate": "learning rate (encoder)",
-    "head_learning_rate": "learning rate of the heads (pooler, projection, predictor)",
+    **_setting_rows("optimizer"),
     "optim": "optimizer",
     "adam_beta1": "Adam β1",
     "adam_beta2": "Adam β2",
@@ -67,24 +71,8 @@ NOT_HYPERPARAMETERS = {
     "do_predict", "run_name", "hub_model_id", "hub_token", "push_to_hub", "resume_from_checkpoint", "disable_tqdm",
     "trackio_space_id", "project",
 }
-MODEL_FIELDS = {
-    "method": "method",
-    "sentence_pooling": "sentence pooling (exported)",
-    "max_seq_length": "training sequence length (tokens)",
-    "contrastive_temperature": "temperature τ",
-    "queue_size": "queue size K",
-    "queue_init_size": "initial queue size K_s (random keys)",
-    "in_batch_negatives": "in-batch negatives",
-    "projection_layers": "projection layers",
-    "predictor_layers": "predictor layers",
-    "predictor_dim": "predictor width",
-    "projection_dim": "projection (key and queue) width",
-    "head_init": "head initialisation",
-    "head_dropout": "head dropout",
-    "encoder_dropout": "encoder dropout",
-    "target_dropout": "target branch dropout",
-    "shared_embeddings": "embeddings shared with the target",
-}
+# The model's rows, read from config.json: the method settings that are `MoCoSEConfig` fields and have a label.
+MODEL_FIELDS = {s.name: s.label for s in METHOD_SETTINGS if s.label and s.model}
 
 
 def save_card_training_args(args, folder: str | os.PathLike) -> Path:

@@ -24,19 +24,19 @@ from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
 from ..methods.augmentation import FGSMPerturbation
-from ..models.configuration import METHOD_DEFAULTS, MODEL_CONFIG_FIELDS, MoCoSEConfig, resolve_queue_init_size, validate_method_hparams
-from ..models.ema import EMATensorPairs, ema_tensor_pairs, validate_ema_decay
+from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
+from ..models.ema import EMATensorPairs, ema_tensor_pairs
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
 from ..models.modeling import MoCoSEOutput
 from ..models.objective import ContrastiveObjective
 from ..models.queue import KeyQueue
+from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, take_settings, with_keywords
 from ..training.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback, check_training_data, load_loss_state, save_loss_state
 from .distributed import refuse_sharded_loss_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
 RENAMED_ARGUMENTS = {"ema_decay": "ema_decay_start", "temperature": "contrastive_temperature"}
-D = METHOD_DEFAULTS
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -76,7 +76,9 @@ class MoCoSELoss(nn.Module):
     second column of (anchor, positive) pairs. The trainer saves the model with its own pooling; the
     heads, target and queue go into each checkpoint's `mocose_loss/` folder.
 
-    Every setting has the name and the default of the `MoCoSETrainingArguments` field of that name.
+    Every setting has the name and the default of the `MoCoSETrainingArguments` field of that name: both come
+    from one description, `hf_mocose.models.settings.METHOD_SETTINGS` (`inspect.signature(MoCoSELoss)` lists
+    the keywords with their defaults; any other keyword is refused).
 
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
@@ -143,33 +145,13 @@ class MoCoSELoss(nn.Module):
             trainer.train()
     """
 
-    def __init__(self, model: SentenceTransformer, *, queue_size: int = D["queue_size"],
-                 queue_init_size: int | None = D["queue_init_size"], ema_decay_start: float = D["ema_decay_start"],
-                 ema_decay_end: float = D["ema_decay_end"], ema_decay_horizon: int | None = D["ema_decay_horizon"],
-                 contrastive_temperature: float = D["contrastive_temperature"],
-                 in_batch_negatives: bool = D["in_batch_negatives"], projection_layers: int = D["projection_layers"],
-                 predictor_layers: int = D["predictor_layers"], predictor_dim: int | None = D["predictor_dim"],
-                 head_dropout: float = D["head_dropout"], head_init: str = D["head_init"],
-                 head_learning_rate: float | None = D["head_learning_rate"], target_dropout: bool = D["target_dropout"],
-                 fgsm_mode: str = D["fgsm_mode"], fgsm_epsilon: float = D["fgsm_epsilon"],
-                 fgsm_epsilon_unit: str = D["fgsm_epsilon_unit"], fgsm_views: str = D["fgsm_views"], **unknown):
+    @with_keywords(LOSS_SETTINGS, more=False)  # any other keyword is refused
+    def __init__(self, model: SentenceTransformer, **settings):
         super().__init__()
+        unknown = {name: value for name, value in settings.items() if name not in METHOD_DEFAULTS}
         if unknown:
             _refuse_unknown(unknown)
-        self.settings = dict(
-            queue_size=queue_size, queue_init_size=resolve_queue_init_size(queue_init_size, queue_size), ema_decay_start=ema_decay_start,
-            ema_decay_end=ema_decay_end, ema_decay_horizon=ema_decay_horizon,
-            contrastive_temperature=contrastive_temperature, in_batch_negatives=in_batch_negatives,
-            projection_layers=projection_layers, predictor_layers=predictor_layers, predictor_dim=predictor_dim,
-            head_dropout=head_dropout, head_init=head_init, head_learning_rate=head_learning_rate,
-            target_dropout=target_dropout, fgsm_mode=fgsm_mode, fgsm_epsilon=fgsm_epsilon,
-            fgsm_epsilon_unit=fgsm_epsilon_unit, fgsm_views=fgsm_views,
-        )
-        validate_method_hparams(self.settings)
-        validate_ema_decay(ema_decay_start, ema_decay_end, ema_decay_horizon)
-        if head_learning_rate is not None and not head_learning_rate > 0:
-            raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {head_learning_rate!r}.")
-        FGSMPerturbation(fgsm_mode, fgsm_epsilon, fgsm_views, fgsm_epsilon_unit)  # validates
+        self.settings = take_settings(settings, LOSS_SETTINGS)  # defaults filled in, queue_init_size resolved, validated
         self._ready = False  # set by the callback at on_train_begin
         self._restored: dict[str, Any] | None = None
         self.model = model

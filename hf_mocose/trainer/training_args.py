@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 from transformers import TrainingArguments
 
-from ..methods.augmentation import AUGMENTATION_VIEWS, FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS, FGSMPerturbation
-from ..models.configuration import (METHOD_DEFAULTS, METHODS, MODEL_CONFIG_FIELDS, SHARED_EMBEDDINGS,
-                                    resolve_queue_init_size, validate_method_hparams)
-from ..models.ema import validate_ema_decay
-from ..models.heads import HEAD_INITS
-from ..models.pooling import SENTENCE_POOLING_MODES
+from ..methods.augmentation import AUGMENTATION_VIEWS
+from ..models.configuration import MODEL_CONFIG_FIELDS
 from ..models.queue import format_queue_slices, parse_queue_slices
+from ..models.settings import ARGS_SETTINGS, describe, take_settings
 
 UNA_USAGES = ("paper", "negative")
 
 
+# The method settings as dataclass fields, from their one description (`hf_mocose.models.settings`); the
+# `(model)` ones are `MoCoSEConfig` fields too. No repr/eq of its own: TrainingArguments' repr masks the token.
+MethodSettingsArguments = make_dataclass("MethodSettingsArguments", [
+    (s.name, s.type, field(default=s.default, metadata={"help": f"{'(model) ' if s.model else ''}{s.help}"}))
+    for s in ARGS_SETTINGS
+], repr=False, eq=False, namespace={"__module__": __name__})
+
+
 @dataclass(repr=False)  # keep TrainingArguments.__repr__, which masks the Hub token
-class MoCoSETrainingArguments(TrainingArguments):
+class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     r"""Configuration for [`MoCoSETrainer`].
 
     The defaults are the MoCoSE paper's BERT-base setting (lr 3e-5, batch 64, K 512, K_s 128, eta 0.75 ->
@@ -38,51 +43,12 @@ class MoCoSETrainingArguments(TrainingArguments):
         `MoCoSETrainer` is given a model id or folder (`dtype`, `revision`, `attn_implementation`,
         `trust_remote_code`...), as TRL's `model_init_kwargs`; `dtype` defaults to float32.
 
-    > Parameters that control the method
+    > Method settings (declared once in `hf_mocose.models.settings`; `MoCoSELoss` takes the same names)
 
-    method (`str`, defaults to `"mocose"`): *(model)* `"mocose"` or `"simcse"` (in-batch negatives, no target).
-    contrastive_temperature (`float`, defaults to `0.05`): *(model)* InfoNCE temperature tau.
-    in_batch_negatives (`bool`, defaults to `True`): *(model)* other keys of the global batch are negatives too.
+{method_settings}
 
-    > Parameters that control the model
+    > Parameters that control padding
 
-    sentence_pooling (`str`, defaults to `"cls"`): *(model)* embedding trained, evaluated and exported: `cls`,
-        `cls_dense`, `mean` (the heads read the [CLS] state, or the token mean for `mean`).
-    projection_layers (`int`, defaults to `1`): *(model)* Linear+LayerNorm+Dropout blocks after the pooler.
-    predictor_layers (`int`, defaults to `2`): *(model)* predictor depth (last block Linear+Tanh); 0 = none.
-    predictor_dim (`int` or `None`, defaults to `None`): *(model)* predictor width; None = the key width.
-    projection_dim (`int` or `None`, defaults to `None`): *(model)* output width of the projection, and so of
-        the keys, queries and queue (the reference code's `out_size`, the paper's Table 6a); None = hidden size.
-    head_dropout (`float`, defaults to `0.1`): *(model)* dropout in projection/predictor blocks.
-    head_init (`str`, defaults to `"identity"`): *(model)* `identity` (the query starts at the key) or `random`
-        (the paper's) head Linears.
-    head_learning_rate (`float` or `None`, defaults to `1e-3`): learning rate of the online heads (pooler,
-        projection, predictor); None = `learning_rate` (the paper's).
-    encoder_dropout (`float` or `None`, defaults to `0.1`): *(model)* encoder dropout (the dropout view).
-    target_dropout (`bool`, defaults to `True`): *(model)* target branch runs with dropout in training.
-    shared_embeddings (`str`, defaults to `"word"`): *(model)* what the target shares with the online encoder:
-        `word` (word embeddings only) or `module` (the whole embedding module, copied each step: the paper's
-        Figure 2 and the reference code; the paper recipes set it).
-    max_seq_length (`int`, defaults to `32`): *(model)* tokens per sentence in training (longer ones are truncated);
-        the sentence-transformers export uses the encoder's inference length instead (`export_max_seq_length`).
-
-    > Parameters that control the queue and the target
-
-    queue_size (`int`, defaults to `512`): *(model)* K, the queue capacity.
-    queue_init_size (`int` or `None`, defaults to `None`): *(model)* K_s, random unit vectors the queue starts
-        with; None = min(128, queue_size) (the paper's 128, never more than the queue holds).
-    ema_decay_start (`float`, defaults to `0.75`): eta at the first optimizer step.
-    ema_decay_end (`float`, defaults to `0.95`): eta at the end of the cosine ramp.
-    ema_decay_horizon (`int` or `None`, defaults to `None`): optimizer steps the ramp takes; None = the run
-        length (the paper's setting). The reference code's schedule is start 0.75, end 1.0, horizon 15000.
-
-    > Parameters that control FGSM
-
-    fgsm_mode (`str`, defaults to `"previous"`): `previous`, `exact` or `off`.
-    fgsm_epsilon (`float`, defaults to `5e-9`): FGSM step size, in `fgsm_epsilon_unit`s.
-    fgsm_epsilon_unit (`str`, defaults to `"absolute"`): `absolute` (the paper's) or `embedding_rms` (a fraction of
-        the root-mean-square word-embedding entry of the batch).
-    fgsm_views (`str`, defaults to `"both"`): perturb `both` branches or the `online` one only.
     pad_to_max_length (`bool` or `None`, defaults to `None`): pad every batch to `max_seq_length`;
         None = only when `fgsm_mode="previous"` needs equal shapes.
 
@@ -98,7 +64,6 @@ class MoCoSETrainingArguments(TrainingArguments):
         independent draws, as the reference code) or `online`.
     ifcl_forgetting (`float`, defaults to `0.1`): IFCL's lambda; entry m of the hippocampus queue weighs
         1 - lambda * ceil(m / N).
-    fraternal_fusion (`float`, defaults to `0.5`): *(model)* IFCL's fusion rate epsilon of the fraternal view.
     hard_negatives (`str` or `None`): `"una"` adds each anchor's TF-IDF hard negative every `una_frequency` steps.
     una_usage (`str`, defaults to `"paper"`): how UNA sentences are trained on: `paper` (also anchors with their
         own positive, and in every anchor's denominator, as the UNA paper; needs in-batch negatives) or
@@ -115,6 +80,7 @@ class MoCoSETrainingArguments(TrainingArguments):
     skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation.
     """
 
+    __doc__ = __doc__.format(method_settings=describe(ARGS_SETTINGS, indent=4, mark_model=True))
     # Fields that take a dict, or a JSON string of one on the command line (TrainingArguments parses them).
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs"]
 
@@ -149,106 +115,7 @@ class MoCoSETrainingArguments(TrainingArguments):
                   "dtype defaults to float32. A JSON string works on the command line."},
     )
 
-    # --- Method ---
-    method: str = field(default="mocose", metadata={"help": f"(model) Training method: {', '.join(METHODS)}."})
-    contrastive_temperature: float = field(
-        default=METHOD_DEFAULTS["contrastive_temperature"], metadata={"help": "(model) InfoNCE temperature tau > 0."}
-    )
-    in_batch_negatives: bool = field(
-        default=METHOD_DEFAULTS["in_batch_negatives"],
-        metadata={"help": "(model) Use the other keys of the global batch as negatives too."}
-    )
-
-    # --- Model ---
-    sentence_pooling: str = field(
-        default="cls",
-        metadata={"help": f"(model) Sentence embedding trained, evaluated and exported: {', '.join(SENTENCE_POOLING_MODES)} "
-                          "(the heads read the [CLS] state, or the token mean for mean)."},
-    )
-    projection_layers: int = field(
-        default=METHOD_DEFAULTS["projection_layers"],
-        metadata={"help": "(model) Projection blocks (Linear+LayerNorm+Dropout)."}
-    )
-    predictor_layers: int = field(
-        default=METHOD_DEFAULTS["predictor_layers"],
-        metadata={"help": "(model) Predictor depth; last block Linear+Tanh; 0 = none."}
-    )
-    predictor_dim: int | None = field(
-        default=METHOD_DEFAULTS["predictor_dim"], metadata={"help": "(model) Predictor width; default the key width."}
-    )
-    projection_dim: int | None = field(
-        default=None,
-        metadata={"help": "(model) Output width of the projection = width of keys, queries and queue (the reference "
-                  "code's out_size, the paper's Table 6a); default hidden size; needs projection_layers >= 1."},
-    )
-    head_dropout: float = field(
-        default=METHOD_DEFAULTS["head_dropout"],
-        metadata={"help": "(model) Dropout in projection and predictor blocks."}
-    )
-    head_init: str = field(
-        default=METHOD_DEFAULTS["head_init"],
-        metadata={"help": f"(model) Head Linear initialisation: {', '.join(HEAD_INITS)} (random = the paper's)."},
-    )
-    head_learning_rate: float | None = field(
-        default=METHOD_DEFAULTS["head_learning_rate"],
-        metadata={"help": "Learning rate of the online heads (pooler, projection, predictor); null = learning_rate "
-                          "(the paper's)."},
-    )
-    encoder_dropout: float | None = field(
-        default=0.1, metadata={"help": "(model) Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's."}
-    )
-    target_dropout: bool = field(
-        default=METHOD_DEFAULTS["target_dropout"],
-        metadata={"help": "(model) Run the target branch with dropout in training."}
-    )
-    shared_embeddings: str = field(
-        default="word",
-        metadata={"help": f"(model) What the EMA target shares with the online encoder: {', '.join(SHARED_EMBEDDINGS)} "
-                  "(word = word embeddings only; module = the whole embedding module, copied after every step, as "
-                  "the paper's Figure 2 and the reference code). MoCoSE only."},
-    )
-    max_seq_length: int = field(
-        default=32,
-        metadata={"help": "(model) Tokens per sentence in training; longer ones are truncated. The sentence-transformers "
-                  "export truncates at the encoder's inference length instead (see export_max_seq_length)."},
-    )
-
-    # --- Queue and EMA target ---
-    queue_size: int = field(
-        default=METHOD_DEFAULTS["queue_size"], metadata={"help": "(model) K: capacity of the negative-key queue."}
-    )
-    queue_init_size: int | None = field(default=METHOD_DEFAULTS["queue_init_size"], metadata={
-        "help": "(model) K_s: random unit vectors the queue starts with; default min(128, queue_size)."})
-    ema_decay_start: float = field(
-        default=METHOD_DEFAULTS["ema_decay_start"],
-        metadata={"help": "EMA decay eta at the first optimizer step, in [0, 1]."}
-    )
-    ema_decay_end: float = field(
-        default=METHOD_DEFAULTS["ema_decay_end"],
-        metadata={"help": "EMA decay eta at the end of the cosine ramp, in [0, 1]."}
-    )
-    ema_decay_horizon: int | None = field(
-        default=METHOD_DEFAULTS["ema_decay_horizon"],
-        metadata={"help": "Optimizer steps the cosine ramp takes, eta staying at ema_decay_end after; default: the "
-                  "run length. The reference code's schedule: start 0.75, end 1.0, horizon 15000."},
-    )
-
-    # --- FGSM ---
-    fgsm_mode: str = field(
-        default=METHOD_DEFAULTS["fgsm_mode"], metadata={"help": f"FGSM on word embeddings: {', '.join(FGSM_MODES)}."}
-    )
-    fgsm_epsilon: float = field(
-        default=METHOD_DEFAULTS["fgsm_epsilon"], metadata={"help": "FGSM step size epsilon >= 0, in fgsm_epsilon_unit."}
-    )
-    fgsm_epsilon_unit: str = field(
-        default=METHOD_DEFAULTS["fgsm_epsilon_unit"],
-        metadata={"help": f"Unit of fgsm_epsilon: {', '.join(FGSM_EPSILON_UNITS)} (a fraction of the batch's "
-                  "root-mean-square word-embedding entry); absolute = the paper's."},
-    )
-    fgsm_views: str = field(
-        default=METHOD_DEFAULTS["fgsm_views"],
-        metadata={"help": f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}."}
-    )
+    # --- Method settings: the `MethodSettingsArguments` fields; then what only the Trainer front end takes ---
     pad_to_max_length: bool | None = field(
         default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
     )
@@ -273,9 +140,6 @@ class MoCoSETrainingArguments(TrainingArguments):
     )
     ifcl_forgetting: float = field(
         default=0.1, metadata={"help": "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1)."}
-    )
-    fraternal_fusion: float = field(
-        default=0.5, metadata={"help": "(model) IFCL fusion rate epsilon: epsilon*y + (1-epsilon)*y_fraternal, in [0, 1]."}
     )
     hard_negatives: str | None = field(default=None, metadata={"help": "Hard negatives: 'una' (TF-IDF replacement)."})
     una_alpha: float = field(default=0.5, metadata={"help": "UNA replacement-rate alpha > 0."})
@@ -305,12 +169,8 @@ class MoCoSETrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         self._validate_sizes()
-        self.queue_init_size = resolve_queue_init_size(self.queue_init_size, self.queue_size)
-        validate_method_hparams(self.model_config_kwargs())
-        validate_ema_decay(self.ema_decay_start, self.ema_decay_end, self.ema_decay_horizon)
-        FGSMPerturbation(self.fgsm_mode, self.fgsm_epsilon, self.fgsm_views, self.fgsm_epsilon_unit)  # validates
-        if self.head_learning_rate is not None and not self.head_learning_rate > 0:
-            raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {self.head_learning_rate!r}.")
+        settings = take_settings({s.name: getattr(self, s.name) for s in ARGS_SETTINGS}, ARGS_SETTINGS)
+        self.queue_init_size = settings["queue_init_size"]  # None resolved: min(128, queue_size)
         if self.method == "simcse" and not self.in_batch_negatives:
             raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
         self._validate_family_settings()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import TrainerCallback
 
-from ..models.ema import ema_decay_at, is_sharded, local_shards, validate_ema_decay
+from ..models.ema import ema_decay_at, is_sharded, local_shards
 
 
 class EMATargetCallback(TrainerCallback):
@@ -34,7 +34,7 @@ class EMATargetCallback(TrainerCallback):
     """
 
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
-        validate_ema_decay(decay_start, decay_end, horizon)
+        # The schedule comes checked from the method settings (`hf_mocose.models.settings.validate_settings`).
         self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon
         self.bind(model)
         self.last_decay: float | None = None
