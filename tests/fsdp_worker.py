@@ -108,20 +108,20 @@ class EMAProbe:
         from hf_mocose.models.ema import is_sharded, local_shards
 
         cb = self.callback
-        targets, onlines = local_shards(cb._target_params), local_shards(cb._online_params)
+        targets, onlines = local_shards(cb.pairs.target_params), local_shards(cb.pairs.online_params)
         before = [t.detach().clone() for t in targets]
         pointers = [t.data_ptr() for t in targets]
         expected = torch._foreach_lerp(before, onlines, 1.0 - decay)
         with CommDebugMode() as comm:
             self._update(decay)
-        after = local_shards(cb._target_params)
-        copied = zip(local_shards(cb._target_buffers), local_shards(cb._online_buffers))
+        after = local_shards(cb.pairs.target_params)
+        copied = zip(local_shards(cb.pairs.target_buffers), local_shards(cb.pairs.online_buffers))
         self.steps.append({
             # copied, not lerped: buffers, and the embedding module's parameters under shared_embeddings="module"
             "copied_exact": all(torch.equal(t, o) for t, o in copied),
-            "copied_sharded": sum(is_sharded(t) for t in cb._target_buffers),
+            "copied_sharded": sum(is_sharded(t) for t in cb.pairs.target_buffers),
             "collectives": comm.get_total_counts(),
-            "all_sharded": all(is_sharded(t) for t in cb._target_params + cb._online_params),
+            "all_sharded": all(is_sharded(t) for t in cb.pairs.target_params + cb.pairs.online_params),
             "in_place": [t.data_ptr() for t in after] == pointers,
             "exact": all(torch.equal(a, e) for a, e in zip(after, expected)),
             "moved": any(not torch.equal(a, b) for a, b in zip(after, before)),

@@ -69,10 +69,10 @@ class EMASpy:
         self.steps, update = [], ema.update
 
         def spied(decay):
-            before = [t.detach().clone() for t in ema._target_params]
+            before = [t.detach().clone() for t in ema.pairs.target_params]
             update(decay)
-            self.steps.append((before, [o.detach().clone() for o in ema._online_params], decay,
-                               [t.detach().clone() for t in ema._target_params]))
+            self.steps.append((before, [o.detach().clone() for o in ema.pairs.online_params], decay,
+                               [t.detach().clone() for t in ema.pairs.target_params]))
 
         ema.update = spied
 

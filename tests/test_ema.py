@@ -8,7 +8,7 @@ from conftest import make_st_trainer, make_trainer, tiny_sentence_transformer
 
 from hf_mocose.methods.mtd import max_traceable_distance
 from hf_mocose.models.ema import ema_decay_at
-from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.models.ema import EMATargetCallback
 
 
 def test_cosine_ramp_start_middle_end():

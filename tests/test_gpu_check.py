@@ -103,12 +103,12 @@ def _context(tmp_path):
 def test_ema_and_queue_checks_fail_when_the_update_or_the_queue_is_wrong(tmp_path, monkeypatch):
     """A lerp with eta and 1 - eta swapped, and keys written one slot off: both checks say NO."""
     from hf_mocose.models.queue import KeyQueue
-    from hf_mocose.training.callbacks import EMATargetCallback
+    from hf_mocose.models.ema import EMATargetCallback
     from scripts.gpu_check.mocose_checks import check_ema_and_queue
 
     @torch.no_grad()
     def swapped_lerp(self, decay):
-        torch._foreach_lerp_(self._target_params, self._online_params, decay)
+        torch._foreach_lerp_(self.pairs.target_params, self.pairs.online_params, decay)
         self.last_decay = decay
 
     enqueue = KeyQueue.enqueue

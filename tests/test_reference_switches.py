@@ -7,7 +7,7 @@ from conftest import build_tiny_encoder, make_trainer
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.models.configuration import MoCoSEConfig
-from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.models.ema import EMATargetCallback
 
 
 # ----------------------------------------------------------------------------- projection_dim

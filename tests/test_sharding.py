@@ -10,7 +10,7 @@ import torch.distributed as dist
 from hf_mocose import MoCoSEModel
 from hf_mocose.models.ema import check_twin_layout, local_shards
 from hf_mocose.trainer.sharded_save import complete_sharded_save
-from hf_mocose.training.callbacks import EMATargetCallback
+from hf_mocose.models.ema import EMATargetCallback
 from hf_mocose.training.sharding import (
     ShardedModelCallback,
     configure_sharding,
@@ -331,7 +331,7 @@ def test_ema_callback_built_before_fully_shard_updates_the_sharded_target(mesh, 
         fully_shard(layer, mesh=mesh)
     fully_shard(tiny_model, mesh=mesh)
     callback.on_train_begin(None, None, None)
-    online, target = callback._online_params, callback._target_params
+    online, target = callback.pairs.online_params, callback.pairs.target_params
     assert len(online) == len(target) > 0 and all(type(t).__name__ == "DTensor" for t in online + target)
     before = [t.to_local().clone() for t in target]
     for tensor in local_shards(online):

@@ -182,7 +182,7 @@ def test_model_init_rebinds_heads_target_queue_and_ema_pairs(tiny_encoder, tmp_p
         fresh = tiny_sentence_transformer(tiny_encoder)  # the weights model_init gave this run
         moved = [not torch.equal(t, f) for t, f in zip(loss.target_encoder.parameters(), fresh.parameters())]
         assert any(moved)  # the EMA follows this run's model (a target bound to an old one would not move)
-        online = {id(p) for p in loss.callback._online_params}
+        online = {id(p) for p in loss.callback.pairs.online_params}
         assert {id(p) for p in model.parameters()} <= online
         optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
         assert {id(p) for p in loss.online_head.parameters()} <= optimised

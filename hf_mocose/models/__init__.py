@@ -4,8 +4,10 @@
 - `configuration`: `MoCoSEConfig` (the encoder's config nested inside; its method fields from `settings`).
 - `modeling`: `MoCoSEModel`, one `PreTrainedModel` holding both branches, the heads and the queue as state.
 - `encoder_init`: building and loading the encoders a model starts from.
+- `objective`: `ContrastiveObjective`, the training step of every method, used by both front ends.
 - `heads` (pooler, projection, predictor), `pooling` ([CLS] / mean), `queue` (`KeyQueue`, the FIFO of keys),
-  `losses` (InfoNCE with queue weights, IFCL's Twins loss).
+  `losses` (InfoNCE with queue weights, IFCL's Twins loss), `ema` (the EMA target: schedule, pairs, and
+  `EMATargetCallback`, its update after every optimizer step).
 - `encoding`: sentence embeddings in length-sorted batches; `sequence_length`: training vs inference lengths.
 
 May import: `hf_mocose.methods`. Never the front ends, publishing, evaluation or the command line.

@@ -1,9 +1,10 @@
-"""The EMA target's arithmetic: the decay schedule, the online/target tensor pairs, and their local shards.
+"""The EMA target: the decay schedule, the online/target tensor pairs, their local shards, and the update.
 
 theta_target <- eta * theta_target + (1 - eta) * theta_online, with eta following `ema_decay_at(step)`.
 `MoCoSEModel` (for `MoCoSETrainer`) and `MoCoSELoss` (for `SentenceTransformerTrainer`) each name their
-pairs with `ema_tensor_pairs`; `hf_mocose.training.callbacks.EMATargetCallback` applies the update after
-every optimizer step. Under FSDP2 each parameter is a `DTensor` and its twin is sharded alike, so the EMA
+pairs with `ema_tensor_pairs`; `EMATargetCallback` applies the update once per optimizer step (after
+`optimizer.step()`), never inside `forward`: under gradient accumulation a `forward`-time update would run
+once per micro-batch, and on stray forwards (eval); TRL's `SyncRefModelCallback` is the same pattern. Under FSDP2 each parameter is a `DTensor` and its twin is sharded alike, so the EMA
 interpolates each rank's local shards (`local_shards`) with no communication (`check_twin_layout` refuses
 a pair laid out otherwise).
 """
@@ -13,8 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+from transformers import TrainerCallback
 
 try:  # torch >= 2.4
     from torch.distributed.tensor import DTensor
@@ -24,7 +28,16 @@ except ImportError:  # pragma: no cover - older torch has no FSDP2 either
 # The reference code (xbdxwyh/mocose, class EMA) ramps eta over this many steps whatever the run length.
 REFERENCE_EMA_HORIZON = 15000
 
-EMATensorPairs = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+
+
+class EMATensorPairs(NamedTuple):
+    """Matching tensors of both branches: `*_params` are averaged, `*_buffers` copied (the EMA leaves them
+    nothing to average: floating buffers, and the embedding module under `shared_embeddings="module"`)."""
+
+    online_params: list[torch.Tensor]
+    target_params: list[torch.Tensor]
+    online_buffers: list[torch.Tensor]
+    target_buffers: list[torch.Tensor]
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
@@ -85,7 +98,7 @@ def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: 
             if name in target_named_buffers and buffer.is_floating_point():
                 online_buffers.append(buffer)
                 target_buffers.append(target_named_buffers[name])
-    return online_params, target_params, online_buffers, target_buffers
+    return EMATensorPairs(online_params, target_params, online_buffers, target_buffers)
 
 
 def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon: int | None = None) -> float:
@@ -110,3 +123,64 @@ def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: in
     """
     last = end if horizon is None or max_steps <= 0 else ema_decay_at(max_steps - 1, max_steps, start, end, horizon)
     return min(start, last), max(start, last)
+
+
+class EMATargetCallback(TrainerCallback):
+    """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
+
+    Parameters are interpolated with one fused `torch._foreach_lerp_` over flat tensor lists; floating
+    buffers are copied. The decay follows `ema_decay_at(global_step)`. The lists are built at
+    construction and again at `on_train_begin`, after `accelerator.prepare()`: FSDP2 replaces the
+    parameters by `DTensor`s, whose local shards (`hf_mocose.models.ema.local_shards`) are then interpolated in
+    place, each rank its own, with no communication (the target is sharded like the online branch).
+
+    Attributes:
+        pairs: the `EMATensorPairs` it updates, as collected last.
+        last_decay: the decay of the last update, or None.
+
+    Args:
+        model: what owns both branches and names their pairs with `ema_parameter_pairs()`: the
+            (unwrapped) `MoCoSEModel`, or a `MoCoSELoss`.
+        decay_start, decay_end: eta at the first step and at the end of the ramp.
+        horizon: optimizer steps the ramp takes (None: the run's `max_steps`).
+    """
+
+    def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
+        # The schedule comes checked from the method settings (`hf_mocose.models.settings.validate_settings`).
+        self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon
+        self.bind(model)
+        self.last_decay: float | None = None
+
+    def bind(self, model) -> None:
+        """(Re)binds to `model` and reads the pairs its `ema_parameter_pairs()` names, e.g. after its online model
+        was replaced (`MoCoSELoss` under `model_init`)."""
+        self._owner = model
+        self.collect_pairs()
+
+    def collect_pairs(self) -> None:
+        """(Re)reads the owner's online/target tensor pairs (`pairs`), e.g. once FSDP2 has replaced the parameters."""
+        self.pairs = EMATensorPairs(*self._owner.ema_parameter_pairs())
+        self._sharded = any(is_sharded(t) for t in self.pairs.online_params)
+
+    def decay_at(self, step: int, total_steps: int) -> float:
+        return ema_decay_at(step, total_steps, self.decay_start, self.decay_end, self.horizon)
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        """One EMA step with decay `decay`."""
+        # lerp_(online, w): target += w * (online - target), i.e. eta*target + (1-eta)*online for w = 1-eta.
+        online, target, sources, copies = self.pairs
+        if self._sharded:  # local shards, looked up at each step: FSDP2 may re-point them (e.g. on a state-dict load)
+            target, online = local_shards(target), local_shards(online)
+            # DTensor has no foreach copy; the copied parameters (shared_embeddings="module") are sharded alike.
+            copies, sources = local_shards(copies), local_shards(sources)
+        torch._foreach_lerp_(target, online, 1.0 - decay)
+        if copies:
+            torch._foreach_copy_(copies, sources)
+        self.last_decay = decay
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.collect_pairs()  # after accelerator.prepare(): the parameters FSDP2 put in place
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.update(self.decay_at(state.global_step, state.max_steps))

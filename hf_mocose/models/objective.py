@@ -17,7 +17,7 @@ runs its branches on the batch and returns a `MoCoSEOutput`. Everything else hap
    enqueue at the same point without a hook of their own (the Trainer's `training_step` and
    sentence-transformers' loss call differ, the autograd engine is the same).
 
-The EMA update of the target runs after the optimizer step, in `hf_mocose.training.callbacks`.
+The EMA update of the target runs after the optimizer step, in `hf_mocose.models.ema`.
 Read one step in this order: this module, `modeling.py` (what `encode` runs), `queue.py`, `ema.py`.
 """
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
 from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
-from ..training.callbacks import EMATargetCallback
+from ..models.ema import EMATargetCallback
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 # ----------------------------------------------------------------- the loss state in checkpoints

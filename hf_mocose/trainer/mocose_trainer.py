@@ -39,7 +39,7 @@ from ..models.modeling import MoCoSEModel
 from ..models.objective import ContrastiveObjective, load_fgsm_state, save_fgsm_state
 from ..publishing.hub_publishing import HubPublishingMixin
 from ..publishing.training_data_facts import save_card_records
-from ..training.callbacks import EMATargetCallback
+from ..models.ema import EMATargetCallback
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs

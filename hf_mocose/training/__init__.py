@@ -1,6 +1,6 @@
-"""What both front ends (`MoCoSETrainer` and `MoCoSELoss`) share to train: the EMA callback, sharding rules, checkpoints.
+"""What both front ends (`MoCoSETrainer` and `MoCoSELoss`) share to train besides the step and the EMA (`models`):
+sharding rules, checkpoints, launch checks, mixed precision.
 
-- `callbacks`: `EMATargetCallback`, the EMA update of the target branch after every optimizer step.
 - `sharding`: which engines the EMA target can follow (FSDP2 yes; FSDP1, ZeRO-3 and DeepSpeed with bf16/fp16
   refused), the launch-time refusals, and FSDP2's set-up.
 - `checkpoints`: which checkpoint a run resumes from, whether a folder is whole and fits the model, and the
