@@ -60,7 +60,7 @@ def test_previous_reuses_last_gradient(tiny_encoder, tmp_path, monkeypatch):
 def test_previous_fits_a_sign_of_another_shape():
     """Dynamic padding (sentence-transformers) or a short last batch: the previous sign is cropped or
     zero-filled to the current (B, L, H); an equal shape is used as it is."""
-    from hf_mocose.methods.augmentation import FGSMPerturbation
+    from hf_mocose.models.objective import FGSMPerturbation
 
     fgsm = FGSMPerturbation("previous", epsilon=0.5)
     sign = torch.sign(torch.randn(4, 6, 8))

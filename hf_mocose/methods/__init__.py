@@ -1,6 +1,6 @@
 """The methods' own pieces, apart from the model that uses them.
 
-- `augmentation`: the views' embedding augmentations (FGSM on the word embeddings, token shuffle/cutoff).
+- `augmentation`: the views' embedding augmentations (token shuffle/cutoff; FGSM is in `models.objective`).
 - `una`, `una_statistics`: UNA's TF-IDF hard negatives (statistics, replacement probabilities, sampling).
 - `fraternal`: IFCL's fraternal word vectors (another model's table, lifted to the encoder's width).
 - `mtd`: MoCoSE's maximum traceable distance (d_trace), its planner and the `hf-mocose mtd` command.

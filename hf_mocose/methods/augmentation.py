@@ -1,112 +1,13 @@
-"""Augmentations on the input word embeddings: FGSM (Goodfellow et al.) as MoCoSE uses it.
+"""Augmentations on the training views' word embeddings (MoCoSE Table 5): token shuffle, token and feature cutoff.
 
-x' = x + epsilon * sign(grad_x L), where x are the online word embeddings `(B, L, H)`.
-
-Units of epsilon:
-  - "absolute" (the paper's): the step is epsilon itself. The paper's 5e-9 is about one float32 ulp of
-    a word-embedding entry (their RMS is ~0.05 in BERT-style models) and rounds away in bf16, so at
-    that value the perturbation does nothing measurable.
-  - "embedding_rms": the step is epsilon times the root-mean-square of the batch's word-embedding
-    entries, so epsilon is a relative size (0.01 moves each entry by 1 % of a typical entry) that
-    means the same for every encoder and precision.
-
-Modes:
-  - "previous" (default; the reference code's): reuse the sign of the gradient that the *previous*
-    backward left on the word embeddings, so the perturbation costs nothing. A sign of another shape
-    (dynamic padding, a short last batch) is cropped or zero-filled to the current batch's shape.
-  - "exact": one extra forward/backward on the current batch to get its own gradient.
-  - "off": no perturbation.
+FGSM, the adversarial one, is part of the training step (`hf_mocose.models.objective`).
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-FGSM_MODES = ("previous", "exact", "off")
-FGSM_VIEWS = ("both", "online")
-FGSM_EPSILON_UNITS = ("absolute", "embedding_rms")
 AUGMENTATION_VIEWS = ("both", "online")
-
-logger = logging.getLogger(__name__)
-
-
-class FGSMPerturbation:
-    """Holds the FGSM settings and, for mode "previous", the sign of the last gradient.
-
-    Args:
-        mode: one of `FGSM_MODES`.
-        epsilon: the step size (>= 0), in `epsilon_unit`s.
-        views: "both" (target branch sees the perturbed embeddings too) or "online".
-        epsilon_unit: "absolute" or "embedding_rms" (see the module docstring).
-    """
-
-    def __init__(self, mode: str = "previous", epsilon: float = 5e-9, views: str = "both",
-                 epsilon_unit: str = "absolute"):
-        # The values come checked from the method settings (`hf_mocose.models.settings.validate_settings`).
-        self.mode, self.epsilon, self.views, self.epsilon_unit = mode, epsilon, views, epsilon_unit
-        self.last_gradient_sign: torch.Tensor | None = None
-        self.last_step_size: torch.Tensor | float = epsilon
-
-    @property
-    def perturb_target(self) -> bool:
-        return self.views == "both"
-
-    def step_size(self, word_embeddings: torch.Tensor) -> torch.Tensor | float:
-        """The step for embeddings like `word_embeddings` `(B, L, H)`: epsilon, or epsilon x their RMS
-        (a 0-dim tensor, no host sync) for `epsilon_unit="embedding_rms"`."""
-        if self.epsilon_unit == "absolute":
-            return self.epsilon
-        return self.epsilon * word_embeddings.detach().float().pow(2).mean().sqrt()
-
-    def step(self, gradient: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
-        """`(B, L, H)` -> step * sign(gradient); `word_embeddings` `(B, L, H)` set the step for "embedding_rms"."""
-        if self.epsilon_unit != "absolute" and word_embeddings is None:
-            raise ValueError("fgsm_epsilon_unit='embedding_rms' needs the word embeddings to scale the step.")
-        size = self.epsilon if word_embeddings is None else self.step_size(word_embeddings)
-        return size * torch.sign(gradient)
-
-    def previous_perturbation(self, word_embeddings_shape: torch.Size) -> torch.Tensor | None:
-        """The "previous" perturbation `(B, L, H)` for embeddings of this shape, or None (first step).
-
-        A previous gradient sign of another shape (a shorter last batch, or batches padded to their
-        longest sentence, as sentence-transformers pads) is fitted to `(B, L, H)`: cropped where it is
-        larger, zero where it has no value. It belongs to other sentences anyway (the reference code
-        reuses the previous batch's sign), so only the shape must fit; with fixed padding nothing changes.
-        """
-        if self.mode != "previous" or self.last_gradient_sign is None:
-            return None
-        sign = self.last_gradient_sign
-        if sign.shape != word_embeddings_shape:
-            fitted = sign.new_zeros(word_embeddings_shape)
-            rows, length = min(sign.shape[0], fitted.shape[0]), min(sign.shape[1], fitted.shape[1])
-            fitted[:rows, :length] = sign[:rows, :length]
-            sign = fitted
-        return self.last_step_size * sign
-
-    def track(self, word_embeddings: torch.Tensor, gradient_at: torch.Tensor | None = None) -> None:
-        """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` `(B, L, H)` (mode
-        "previous"), and the step size those embeddings call for.
-
-        `gradient_at` `(B, L, H)`: where to read that gradient instead, a tensor whose gradient equals theirs:
-        the clean word embeddings the model took as input, before it added the perturbation. Under
-        `torch_compile` only a compiled module's inputs get gradients, not the tensors it returns.
-        """
-        source = word_embeddings if gradient_at is None else gradient_at
-        if self.mode == "previous" and source.requires_grad:
-            source.register_hook(self._store)
-            self.last_step_size = self.step_size(word_embeddings)
-
-    def _store(self, gradient: torch.Tensor) -> None:
-        self.last_gradient_sign = torch.sign(gradient.detach())
-
-    def state_dict(self) -> dict:
-        return {"last_gradient_sign": self.last_gradient_sign, "last_step_size": self.last_step_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.last_gradient_sign = state.get("last_gradient_sign")
-        self.last_step_size = state.get("last_step_size", self.epsilon)
 
 
 class EmbeddingAugmentation:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..methods.augmentation import FGSM_EPSILON_UNITS, FGSM_MODES, FGSM_VIEWS
 from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
 
@@ -32,6 +31,11 @@ SHARED_EMBEDDINGS = ("word", "module")
 # `queue_size=64` alone is a valid setting (the queue then starts full of random keys). Every paper
 # recipe and ablation grid sets `queue_init_size` itself.
 DEFAULT_QUEUE_INIT_SIZE = 128
+
+# FGSM's choices (`hf_mocose.models.objective.FGSMPerturbation` runs them).
+FGSM_MODES = ("previous", "exact", "off")
+FGSM_VIEWS = ("both", "online")
+FGSM_EPSILON_UNITS = ("absolute", "embedding_rms")
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
-from ..methods.augmentation import FGSMPerturbation
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.ema import EMATensorPairs, ema_tensor_pairs
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
 from ..models.modeling import MoCoSEOutput
-from ..models.objective import ContrastiveObjective
+from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..models.queue import KeyQueue
 from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, take_settings, with_keywords
 from ..training.precision import AutocastState, recorded_autocast

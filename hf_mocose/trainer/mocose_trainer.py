@@ -32,11 +32,11 @@ from datasets import Dataset
 from transformers import PreTrainedModel, Trainer
 
 from ..data.collator import ContrastiveCollator
-from ..methods.augmentation import EmbeddingAugmentation, FGSMPerturbation
+from ..methods.augmentation import EmbeddingAugmentation
 from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import ema_decay_at
 from ..models.modeling import MoCoSEModel
-from ..models.objective import ContrastiveObjective, load_fgsm_state, save_fgsm_state
+from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
 from ..publishing.hub_publishing import HubPublishingMixin
 from ..publishing.training_data_facts import save_card_records
 from ..models.ema import EMATargetCallback
