@@ -123,7 +123,8 @@ class MoCoSELoss(nn.Module):
 
     Relations:
         * `MoCoSETrainer` trains the same method on a `MoCoSEModel` (paper recipes, SimCSE/IFCL/UNA);
-          both share `METHOD_DEFAULTS` and the DDP and clipping semantics (`st_loss_distributed`).
+          both run `ContrastiveObjective` with settings from `hf_mocose.models.settings`, and share the DDP and
+          clipping semantics (`st_loss.distributed`).
         * Like `MultipleNegativesRankingLoss` with more negatives than a batch holds, from a slowly moving target.
 
     Example:

@@ -1,7 +1,7 @@
 """`MoCoSETrainer`: a `Trainer` that computes the contrastive loss, feeds the queue and scores STS-B dev.
 
 The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a
-loaded encoder, raw sentences and a missing tokenizer into what it trains (`trainer_inputs`, as TRL's
+loaded encoder, raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's
 trainers take them). This class overrides only:
   - `compute_loss`: an adapter of `hf_mocose.models.objective.ContrastiveObjective.step` (FGSM, forward,
     negatives, InfoNCE, the enqueue after the backward), the step `MoCoSELoss` runs too;
