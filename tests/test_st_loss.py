@@ -5,6 +5,7 @@ Checkpoints, resume, Hub pushes, `model_init` and Trainer switches: tests/test_s
 
 import dataclasses
 import inspect
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -391,3 +392,54 @@ def test_example_script_end_to_end(tiny_encoder, tmp_path, monkeypatch):
     assert (final / "modules.json").is_file()
     card = (final / "README.md").read_text()
     assert "MoCoSELoss" in card and '"ema_decay_start": 0.8' in card and '"head_learning_rate": 0.01' in card
+
+
+# ----------------------------------------------------------------- the other methods under the loss
+@pytest.mark.parametrize("method", ["simcse", "ifcl"])
+def test_simcse_and_ifcl_train_under_the_loss_without_a_target(tiny_encoder, tmp_path, method):
+    """SimCSE and IFCL: the key is a second dropout view of the online model (no target, no predictor, no FGSM);
+    IFCL keeps a queue of past online anchors, SimCSE none."""
+    trainer = make_st_trainer(tiny_encoder, tmp_path, max_steps=3, loss_kwargs=dict(method=method, queue_size=32))
+    loss = trainer.loss
+    assert loss.target_encoder is None and loss.target_head is None and "predictor" not in loss.online_head._modules
+    assert loss.fgsm.mode == "off" and loss.ema_parameter_pairs().online_params == []
+    model_before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    losses = _losses(trainer)
+    assert len(losses) == 3 and all(math.isfinite(value) for value in losses)
+    assert any(not torch.equal(a, b) for a, b in zip(model_before, trainer.model.parameters()))
+    if method == "simcse":
+        assert loss.queue is None
+    else:
+        assert int(loss.queue.queue_fill) == 3 + 3 * 4  # every step's 4 anchors enqueued
+
+
+def test_ifcl_queue_holds_the_online_anchors_under_the_loss(tiny_encoder, tmp_path):
+    trainer = make_st_trainer(tiny_encoder, tmp_path, max_steps=1, model_kwargs=dict(dropout=0.0),
+                              loss_kwargs=dict(method="ifcl", queue_size=16, queue_init_size=0, head_dropout=0.0))
+    loss = trainer.loss
+    features, _ = trainer.collect_features(next(iter(trainer.get_train_dataloader())))
+    with torch.no_grad():
+        anchors = torch.nn.functional.normalize(loss.online_head(trainer.model(features[0])["sentence_embedding"]), dim=1)
+    trainer.train()
+    assert torch.allclose(loss.queue.newest_first()[:4], anchors.flip(0), atol=1e-5)
+
+
+def test_ifcl_forgetting_reaches_the_queue_weights_under_the_loss(tiny_encoder):
+    from hf_mocose import MoCoSELoss
+
+    loss = MoCoSELoss(tiny_sentence_transformer(tiny_encoder), method="ifcl", queue_size=8, queue_init_size=8,
+                      ifcl_forgetting=0.2)
+    assert loss.objective.forgetting == 0.2
+    with pytest.raises(ValueError, match=r"ifcl_forgetting \(lambda\) must be in \[0, 1\), got 1.5"):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), method="ifcl", ifcl_forgetting=1.5)
+
+
+@pytest.mark.parametrize("name, value", [("hard_negatives", "una"), ("token_shuffle", True), ("sentence_pooling", "mean"),
+                                         ("fraternal_model_name_or_path", "x")])
+def test_what_only_the_trainer_has_is_refused_in_one_line_naming_it(tiny_encoder, name, value):
+    from hf_mocose import MoCoSELoss
+
+    with pytest.raises(TypeError, match=rf"^MoCoSELoss does not take {name}=: it is a setting of MoCoSETrainer") as info:
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), **{name: value})
+    assert "\n" not in str(info.value)

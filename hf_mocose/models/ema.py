@@ -174,7 +174,8 @@ class EMATargetCallback(TrainerCallback):
             target, online = local_shards(target), local_shards(online)
             # DTensor has no foreach copy; the copied parameters (shared_embeddings="module") are sharded alike.
             copies, sources = local_shards(copies), local_shards(sources)
-        torch._foreach_lerp_(target, online, 1.0 - decay)
+        if target:  # a method without a target (SimCSE, IFCL under MoCoSELoss) has no pairs
+            torch._foreach_lerp_(target, online, 1.0 - decay)
         if copies:
             torch._foreach_copy_(copies, sources)
         self.last_decay = decay

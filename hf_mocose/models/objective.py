@@ -196,17 +196,17 @@ class ContrastiveObjective:
             `in_batch_negatives`, `uses_target`, `uses_queue` (a `MoCoSEConfig`).
         fgsm: the FGSM settings and the "previous" sign (`FGSMPerturbation`; mode "off" for no FGSM).
         queue_age_slices: age ranges of the queue used as negatives (`queue_slice`), or None for all.
-        ifcl_forgetting: IFCL's lambda (forgetting weight per queued batch), or None.
+        forgetting: IFCL's lambda (`ifcl_forgetting`: the forgetting weight per queued batch), or None.
         queue_window: returns the newest queue entries in use at this step (`target_mtd`), or None for all.
         keys_per_enqueue: returns the keys one step enqueues (IFCL's N in its forgetting weights).
     """
 
     def __init__(self, config, fgsm: FGSMPerturbation, *, queue_age_slices: list[tuple[int, int]] | None = None,
-                 ifcl_forgetting: float | None = None, queue_window: Callable[[], int | None] | None = None,
+                 forgetting: float | None = None, queue_window: Callable[[], int | None] | None = None,
                  keys_per_enqueue: Callable[[], int] | None = None):
         self.config, self.fgsm = config, fgsm
         self.queue_age_slices = queue_age_slices
-        self.ifcl_forgetting = ifcl_forgetting if config.method == "ifcl" else None
+        self.forgetting = forgetting if config.method == "ifcl" else None
         self.queue_window = queue_window or (lambda: None)
         self.keys_per_enqueue = keys_per_enqueue
         self.metric_sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(()))
@@ -263,7 +263,7 @@ class ContrastiveObjective:
         if queue is not None:
             negatives.append(queue.keys)
             weights.append(queue.negative_weights(
-                age_slices=self.queue_age_slices, newest=self.queue_window(), forgetting=self.ifcl_forgetting,
+                age_slices=self.queue_age_slices, newest=self.queue_window(), forgetting=self.forgetting,
                 entries_per_batch=self.keys_per_enqueue() if self.keys_per_enqueue else keys.shape[0]))
         if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
             hard = gather(outputs.negative_keys, with_grad)

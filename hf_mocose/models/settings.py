@@ -72,7 +72,7 @@ def _s(type_, default, help_, group, label=None, *, model=True, loss=True, doc="
 # name -> the rest of its `Setting`, in the order the model card lists them (then the training-only ones).
 _DECLARED = {
     "method": _s(
-        str, "mocose", f"Training method: {', '.join(METHODS)}.", "method", "method", loss=False,
+        str, "mocose", f"Training method: {', '.join(METHODS)}.", "method", "method",
         doc="`mocose`: online branch vs EMA target branch with a negative queue. `simcse`: two dropout views of the "
             "online encoder, in-batch negatives, no target, no queue, no predictor. `ifcl`: SimCSE's two views plus a "
             "\"hippocampus\" queue of past online anchors weighted by forgetting coefficients (no target, no predictor)."),
@@ -130,6 +130,9 @@ _DECLARED = {
             "rest of it; with `module` they are copied from the online encoder after every optimizer step."),
     "fraternal_fusion": _s(
         float, 0.5, "IFCL fusion rate epsilon: epsilon*y + (1-epsilon)*y_fraternal, in [0, 1].", "method", loss=False),
+    "ifcl_forgetting": _s(
+        float, 0.1, "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1).", "queue", model=False,
+        doc="Used by method `ifcl` only."),
     "ema_decay_start": _s(
         float, 0.75, "EMA decay eta at the first optimizer step, in [0, 1].", "target", "EMA decay η at the first step",
         model=False),
@@ -256,6 +259,8 @@ def _validate_training_settings(values: dict[str, Any]) -> None:
             raise ValueError(f"Unknown {name} {values[name]!r}; choose one of {', '.join(choices)}.")
     if _get(values, "fgsm_epsilon") < 0:
         raise ValueError(f"fgsm_epsilon must be >= 0, got {values['fgsm_epsilon']!r}.")
+    if not 0.0 <= _get(values, "ifcl_forgetting") < 1.0:
+        raise ValueError(f"ifcl_forgetting (lambda) must be in [0, 1), got {values['ifcl_forgetting']!r}.")
     rate = _get(values, "head_learning_rate")
     if rate is not None and not rate > 0:
         raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {rate!r}.")

@@ -45,7 +45,6 @@ from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupp
 # ----------------------------------------------------------------- the loss state in checkpoints
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
-MODULES = ("online_head", "target_encoder", "target_head", "queue")
 
 
 def fingerprint(model: nn.Module) -> Tensor:
@@ -88,7 +87,7 @@ def save_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int,
     folder = Path(checkpoint) / LOSS_STATE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     if main_process:
-        state = {name: getattr(loss, name).state_dict() for name in MODULES}
+        state = {name: module.state_dict() for name, module in loss.state_modules().items()}
         state.update(ema_last_decay=loss.callback.last_decay, fingerprint=fingerprint(loss.online_model))
         torch.save(state, folder / STATE_FILE)
     save_fgsm_state(loss.fgsm, folder, process_index)
@@ -100,10 +99,10 @@ def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int)
     folder = Path(checkpoint) / LOSS_STATE_DIR
     if not (folder / STATE_FILE).is_file():
         raise FileNotFoundError(f"{folder / STATE_FILE} does not exist: {checkpoint} holds no MoCoSELoss state.")
-    device = loss.queue.keys.device
+    device = next(loss.online_head.parameters()).device
     state = torch.load(folder / STATE_FILE, map_location=device, weights_only=True)
-    for name in MODULES:
-        getattr(loss, name).load_state_dict(state[name])
+    for name, module in loss.state_modules().items():
+        module.load_state_dict(state[name])
     loss.callback.last_decay = state["ema_last_decay"]
     load_fgsm_state(loss.fgsm, folder, process_index, device)
     return {"folder": folder, "fingerprint": state["fingerprint"]}
@@ -163,7 +162,7 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
         raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs), but the "
                          f"training data has {len(columns)}: {columns}. Keep them with dataset.select_columns([...]).")
     rows = len(dataset) if hasattr(dataset, "__len__") else None
-    if rows is not None and loss.queue.capacity > rows:
+    if rows is not None and loss.queue is not None and loss.queue.capacity > rows:
         raise ValueError(f"queue_size={loss.queue.capacity} is larger than the training data ({rows} rows): the queue would "
                          f"hold several keys of one sentence, an anchor's own earlier key among its negatives. "
                          f"Use queue_size <= {rows}.")
@@ -247,7 +246,7 @@ class MoCoSELossCallback(EMATargetCallback):
             self._restore(args, state)
         loss._restored = None
         if get_world_size() > 1:
-            broadcast_from_first_rank(loss.online_head, loss.target_encoder, loss.target_head, loss.queue)
+            broadcast_from_first_rank(*loss.state_modules().values())
         self.head_gradients.max_grad_norm = args.max_grad_norm
         self._training, self._saved_step = True, None
         loss._ready = True

@@ -29,13 +29,17 @@ from ..models.heads import build_predictor, build_projection, head_linear, init_
 from ..models.modeling import MoCoSEOutput
 from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..models.queue import KeyQueue
-from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, take_settings, with_keywords
+from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, SETTINGS, take_settings, with_keywords
 from ..training.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback, check_training_data, load_loss_state, save_loss_state
 from .distributed import refuse_sharded_loss_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
 RENAMED_ARGUMENTS = {"ema_decay": "ema_decay_start", "temperature": "contrastive_temperature"}
+# Method switches whose inputs a sentence-transformers dataset cannot carry (UNA's hard negatives come from
+# MoCoSETrainer's collator, IFCL's fraternal view from a second vocabulary) or that only it implements.
+TRAINER_ONLY = ("hard_negatives", "una_usage", "una_alpha", "una_window", "una_frequency", "queue_slice", "target_mtd",
+                "token_shuffle", "token_cutoff", "feature_cutoff", "augmentation_views", "fraternal_model_name_or_path")
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -57,6 +61,9 @@ def _refuse_unknown(arguments: dict[str, Any]) -> None:
     name = next(iter(arguments))
     if name in RENAMED_ARGUMENTS:
         raise TypeError(f"MoCoSELoss: {name}= is now {RENAMED_ARGUMENTS[name]}= (the MoCoSETrainingArguments name).")
+    if name in SETTINGS or name in TRAINER_ONLY:
+        raise TypeError(f"MoCoSELoss does not take {name}=: it is a setting of MoCoSETrainer (MoCoSETrainingArguments."
+                        f"{name}), the front end that has it.")
     raise TypeError(f"MoCoSELoss got an unexpected keyword argument {name!r}.")
 
 
@@ -79,8 +86,16 @@ class MoCoSELoss(nn.Module):
     from one description, `hf_mocose.models.settings.METHOD_SETTINGS` (`inspect.signature(MoCoSELoss)` lists
     the keywords with their defaults; any other keyword is refused).
 
+    The other methods whose inputs a sentence-transformers dataset carries run here too, as in `MoCoSETrainer`:
+    `method="simcse"` (the key is a second dropout view of the online model, with its gradient: no target, no
+    predictor, no queue, no FGSM) and `method="ifcl"` (SimCSE's views plus a queue of past online anchors
+    weighted by IFCL's forgetting coefficients, `ifcl_forgetting`; without IFCL's fraternal view). UNA's hard
+    negatives, IFCL's fraternal view and the ablation switches are `MoCoSETrainer`'s: asking for them here is
+    refused in one line that says so.
+
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
+        method: `"mocose"` (default), `"simcse"` or `"ifcl"` (above); `ifcl_forgetting`: IFCL's lambda.
         queue_size: K, negatives kept in the queue (at most the number of training rows).
         queue_init_size: K_s, random unit vectors the queue starts with (at most `queue_size`; None: min(128, queue_size)).
         ema_decay_start, ema_decay_end: EMA decay eta at the first optimizer step and at the end of its cosine ramp.
@@ -171,24 +186,31 @@ class MoCoSELoss(nn.Module):
                              "SentenceTransformer(modules=[Transformer(...), Pooling(...)]).")
         s = self.settings
         refuse_sharded_loss_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
-        fgsm = FGSMPerturbation(s["fgsm_mode"], s["fgsm_epsilon"], s["fgsm_views"], s["fgsm_epsilon_unit"])
-        self.objective = ContrastiveObjective(MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS}), fgsm)
+        config = MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS})
+        # FGSM perturbs what the target sees too; methods without a target run without it (as in MoCoSETrainer).
+        fgsm = FGSMPerturbation(s["fgsm_mode"] if config.uses_target else "off", s["fgsm_epsilon"], s["fgsm_views"],
+                                s["fgsm_epsilon_unit"])
+        self.objective = ContrastiveObjective(config, fgsm, forgetting=s["ifcl_forgetting"])
         if self.fgsm.mode != "off":
             _word_embeddings(model)
         hidden = model.get_embedding_dimension()
         if not hidden:
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
-        self.online_head = nn.Sequential(OrderedDict(
-            pooler=head_linear(hidden, hidden, s["head_init"]),
-            projection=build_projection(hidden, s["projection_layers"], s["head_dropout"], s["head_init"]),
-            predictor=build_predictor(hidden, s["predictor_layers"], s["predictor_dim"], s["head_dropout"], s["head_init"]),
-        ))
+        heads = OrderedDict(pooler=head_linear(hidden, hidden, s["head_init"]),
+                            projection=build_projection(hidden, s["projection_layers"], s["head_dropout"], s["head_init"]))
+        if config.uses_target:  # the predictor sits on the online branch of a method with an EMA target only
+            heads["predictor"] = build_predictor(hidden, s["predictor_layers"], s["predictor_dim"], s["head_dropout"],
+                                                 s["head_init"])
+        self.online_head = nn.Sequential(heads)
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
         self.online_head.apply(partial(init_head_weights, std=std))
-        self.target_encoder = copy.deepcopy(model).requires_grad_(False)
-        self.target_head = copy.deepcopy(self.online_head[:2]).requires_grad_(False)  # pooler + projection
-        self.queue = KeyQueue(s["queue_size"], hidden, s["queue_init_size"])
+        self.target_encoder = self.target_head = self.queue = None
+        if config.uses_target:
+            self.target_encoder = copy.deepcopy(model).requires_grad_(False)
+            self.target_head = copy.deepcopy(self.online_head[:2]).requires_grad_(False)  # pooler + projection
+        if config.uses_queue:
+            self.queue = KeyQueue(s["queue_size"], hidden, s["queue_init_size"])
         self._ready, self._restored = False, None
         if "callback" in self.__dict__:
             self.callback.bind(self)
@@ -213,8 +235,14 @@ class MoCoSELoss(nn.Module):
     def move_to_model_device(self) -> None:
         """Heads, target and queue onto the model's device (a model from `model_init` is moved after it is bound)."""
         device = next(self.online_model.parameters()).device
-        for module in (self.online_head, self.target_encoder, self.target_head, self.queue):
+        for module in self.state_modules().values():
             module.to(device)
+
+    def state_modules(self) -> dict[str, nn.Module]:
+        """What this loss trains or keeps beside the model, by name: the online heads and, as the method has
+        them, the EMA target (encoder and heads) and the queue. Checkpoints save and restore these."""
+        names = ("online_head", "target_encoder", "target_head", "queue")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     # ----------------------------------------------------------------- sentence-transformers protocol
     def get_config_dict(self) -> dict[str, Any]:
@@ -229,6 +257,8 @@ class MoCoSELoss(nn.Module):
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
         """Online tensors (model, pooler, projection) and their target copies, for `EMATargetCallback`."""
+        if self.target_encoder is None:
+            return EMATensorPairs([], [], [], [])
         online = (self.online_model, self.online_head.pooler, self.online_head.projection)
         target = (self.target_encoder, self.target_head.pooler, self.target_head.projection)
         return ema_tensor_pairs(zip(online, target))
@@ -255,16 +285,21 @@ class MoCoSELoss(nn.Module):
             raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "
                              f"labels; got {len(features)} text column(s){' and labels' if labels is not None else ''}.")
         self.online_head.train(training)
-        target_dropout = training and self.settings["target_dropout"]
-        self.target_encoder.train(target_dropout)
-        self.target_head.train(target_dropout)
+        if self.target_encoder is not None:
+            target_dropout = training and self.settings["target_dropout"]
+            self.target_encoder.train(target_dropout)
+            self.target_head.train(target_dropout)
         anchor, positive = features[0], features[-1]
         same_input = len(features) == 1 and self.fgsm.perturb_target  # the target reads the perturbed anchor too
 
         def encode(perturbation: Tensor | None, probe: bool) -> MoCoSEOutput:
-            query, words, autocast = self._queries(self.online_model if probe else self.model, anchor, perturbation)
-            keys = self._keys(positive, perturbation if same_input else None, autocast)
-            return MoCoSEOutput(query=query, key=keys, word_embeddings=words, fgsm_gradient_at=words)
+            model = self.online_model if probe else self.model
+            query, words, autocast = self._queries(model, anchor, perturbation)
+            if self.target_encoder is None:  # SimCSE, IFCL: the key is a second dropout view, with its gradient
+                key = self.online_head(model(dict(positive))["sentence_embedding"])
+            else:
+                key = self._keys(positive, perturbation if same_input else None, autocast)
+            return MoCoSEOutput(query=query, key=key, word_embeddings=words, fgsm_gradient_at=words)
 
         shape = anchor["input_ids"].shape
         if self.fgsm.mode != "off":

@@ -107,7 +107,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
                                 args.fgsm_epsilon_unit)
         self.objective = ContrastiveObjective(config, fgsm, queue_age_slices=args.queue_age_slices,
-                                              ifcl_forgetting=args.ifcl_forgetting, queue_window=self.queue_window,
+                                              forgetting=args.ifcl_forgetting, queue_window=self.queue_window,
                                               keys_per_enqueue=lambda: self.keys_per_enqueue)
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)

@@ -62,8 +62,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         (position shuffle, zeroed tokens, zeroed embedding dimensions), in training only.
     augmentation_views (`str`, defaults to `"both"`): which views those augment: `both` (online and key view,
         independent draws, as the reference code) or `online`.
-    ifcl_forgetting (`float`, defaults to `0.1`): IFCL's lambda; entry m of the hippocampus queue weighs
-        1 - lambda * ceil(m / N).
     hard_negatives (`str` or `None`): `"una"` adds each anchor's TF-IDF hard negative every `una_frequency` steps.
     una_usage (`str`, defaults to `"paper"`): how UNA sentences are trained on: `paper` (also anchors with their
         own positive, and in every anchor's denominator, as the UNA paper; needs in-batch negatives) or
@@ -138,9 +136,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         metadata={"help": f"Views token_shuffle/token_cutoff/feature_cutoff augment: {', '.join(AUGMENTATION_VIEWS)} "
                   "(both = online and key view, each its own draw, as the reference code); never at evaluation."},
     )
-    ifcl_forgetting: float = field(
-        default=0.1, metadata={"help": "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1)."}
-    )
     hard_negatives: str | None = field(default=None, metadata={"help": "Hard negatives: 'una' (TF-IDF replacement)."})
     una_alpha: float = field(default=0.5, metadata={"help": "UNA replacement-rate alpha > 0."})
     una_window: float = field(
@@ -212,8 +207,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
                 raise ValueError(f"target_mtd needs method='mocose' (an EMA target), got method={self.method!r}.")
             if self.queue_slice:
                 raise ValueError("target_mtd chooses the queue window itself: do not combine it with queue_slice.")
-        if not 0.0 <= self.ifcl_forgetting < 1.0:
-            raise ValueError(f"ifcl_forgetting (lambda) must be in [0, 1), got {self.ifcl_forgetting!r}.")
         if self.hard_negatives not in (None, "una"):
             raise ValueError(f"Unknown hard_negatives {self.hard_negatives!r}; the only kind is 'una'.")
         validate_una_alpha(self.una_alpha)
