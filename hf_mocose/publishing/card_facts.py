@@ -119,7 +119,7 @@ def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
     """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
     or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
     path = Path(folder) / CARD_FACTS_JSON
-    path.write_text(json.dumps(card_facts(trainer), indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     return path
 
 
