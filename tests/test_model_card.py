@@ -207,7 +207,7 @@ def test_eval_results_inputs(tmp_path):
 def test_cli_export_writes_the_card(run, tmp_path, capsys):
     out, _, _ = run
     original = cli.COMMAND_MODULES
-    cli.COMMAND_MODULES = ("hf_mocose.publishing.commands",)
+    cli.COMMAND_MODULES = ("hf_mocose.publishing.export",)
     try:
         code = cli.main(["export", str(out / "final"), str(tmp_path / "exp"), "--eval_results", str(out / "eval.json"),
                          "--repo_id", "alice/tiny", "--dataset", "princeton-nlp/datasets-for-simcse"])

@@ -35,26 +35,18 @@ STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 senten
 
 
 def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
-    """The card's description of `dataset` (raw `text`, or tokenised `input_ids`, with or without `text`).
-
-    Returns `{"sentences": N or None (a stream), "columns": [...], "token_lengths": {"min", "mean", "max",
-    "rows", "max_seq_length", "longer": k or None}, "samples": [...], "samples_from_tokens": bool}`:
-    lengths count tokens as training saw them (special tokens included, truncated at `max_seq_length`);
-    `longer` is how many of those rows were longer before truncation (known when the text is there);
-    samples are the first rows' text, or, for a tokenised set without it, their tokens decoded. None
-    for no dataset, or one with neither `text` nor `input_ids` (a plain torch dataset).
-    """
+    """The card's description of `dataset` (raw `text`, or tokenised `input_ids`, with or without `text`), or None
+    (no dataset, or neither column): `{"sentences": N or None (a stream), "columns", "token_lengths": {"min", "mean",
+    "max", "rows", "max_seq_length", "longer"}, "samples", "samples_from_tokens"}`. Lengths count tokens as training
+    saw them (special tokens included, truncated); `longer`: how many rows were cut (None without the text); the
+    samples are the first rows' text, or their tokens decoded."""
     columns = list(getattr(dataset, "column_names", None) or [])
     if dataset is None or not ({"text", "input_ids"} & set(columns)):
         return None
     size = len(dataset) if hasattr(dataset, "__len__") else None
-    names = [name for name in columns if name in ("text", "input_ids")]
-    if size is not None:
-        first = dataset.select(range(min(STATS_ROWS, size)))
-        rows = {name: first[name] for name in names}
-    else:  # an IterableDataset: its first rows, read again on every pass, so nothing is consumed
-        first = list(islice(iter(dataset), STATS_ROWS))
-        rows = {name: [row[name] for row in first] for name in names}
+    # An IterableDataset's first rows are read again on every pass: nothing is consumed.
+    first = dataset.select(range(min(STATS_ROWS, size))) if size is not None else list(islice(iter(dataset), STATS_ROWS))
+    rows = {name: [row[name] for row in first] for name in columns if name in ("text", "input_ids")}
     texts = None if rows.get("text") is None else [text or "" for text in rows["text"]]
     longer = None
     if texts is not None:  # tokenised once, whole: training's lengths are these cut at max_seq_length
@@ -119,7 +111,8 @@ def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
     """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
     or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
     path = Path(folder) / CARD_FACTS_JSON
-    path.write_text(json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    facts = json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    path.write_text(facts + "\n", encoding="utf-8")
     return path
 
 

@@ -1,27 +1,18 @@
 """Uploads to the Hugging Face Hub, and what a training run publishes there (`HubPublishingMixin`).
 
-    hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--dry_run]
+Layout (so `SentenceTransformer(repo_id)` always works): the sentence-transformers export with its card at the root,
+the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")`), resumable checkpoints in
+`last-checkpoint/` or `checkpoint-N/` (`hub_strategy`), never at the root, where transformers would put them.
 
-Repository layout (so `SentenceTransformer(repo_id)` always works):
-
-    /                  the sentence-transformers export + README.md card   (`push_export`, `push_to_hub`)
-    mocose/            the MoCoSE model, for continued training: MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")
-    last-checkpoint/   the latest resumable checkpoint   (hub_strategy="checkpoint")
-    checkpoint-N/      every resumable checkpoint        (hub_strategy="all_checkpoints")
-
-Checkpoints never go to the root, where transformers' own `_push_from_checkpoint` would put the MoCoSE `config.json`.
-
-Every push is ONE commit (`upload_folders`), built as `HfApi.upload_folder` builds its own: the folders' files
-with its filtering (`list_upload_files`), and deletions of the files matching the push's delete patterns, matched
-as `upload_folder` matches its `delete_patterns`, that the new upload no longer has: without them an older
-`model.safetensors` would survive beside a new sharded index and load instead. A push owns the root files and
-module folders an export writes (`EXPORT_PATTERNS`, and any top-level folder its new export has) and the folders it
-uploads whole (`mocose/`, a checkpoint's); it never deletes `.gitattributes` or a `README.md` (the card is
-replaced when the upload has one). `create_commit` is called rather than `upload_folder` because, with `hf_xet`
-installed, `upload_folder` splits large uploads into several commits, and its patterns cannot spare a README. The
-commit names the head its deletions were read from (`parent_commit`), so a concurrent change makes it fail
-instead of deleting what it did not see. The token comes from huggingface_hub's usual sources (HF_TOKEN,
-`hf auth login`) unless passed; it is never printed, logged or written.
+Every push is ONE commit (`upload_folders`) built as `HfApi.upload_folder` builds its own: the folders' files with
+its filtering (`list_upload_files`), and deletions of the files it owns, matched by patterns as `upload_folder`
+matches its `delete_patterns`, that the new upload no longer has (an older `model.safetensors` beside a new sharded
+index would load instead of it): the export's root files and module folders, any top-level folder of the new
+export, the folders uploaded whole (`mocose/`, a checkpoint's); never `.gitattributes` nor a `README.md`
+(`stale_files`). `create_commit` is called rather than `upload_folder`, which with `hf_xet` splits large uploads
+into several commits and whose patterns cannot spare a README. The commit names the head its deletions were read
+from (`parent_commit`): a concurrent change makes it fail instead of deleting what it did not see. The token comes
+from huggingface_hub's usual sources (HF_TOKEN, `hf auth login`) unless passed; it is never printed or written.
 """
 
 from __future__ import annotations
@@ -57,11 +48,8 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise.
-
-    huggingface_hub's `validate_repo_id` checks the characters; the namespace is required here because
-    a bare name would land in whatever account the token belongs to.
-    """
+    """Returns `repo_id` if it is `namespace/name` (huggingface_hub checks the characters; a bare name would land
+    in the token's account); raises a `ValueError` naming it otherwise."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
 
@@ -91,11 +79,8 @@ def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | No
 
 
 def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple[str, ...] = ()) -> list[str]:
-    """The files of `existing` (paths in the repo now) that a push owns and its upload (`uploaded`) lacks, sorted.
-
-    It owns `folders` whole and, with `export_root`, the export's files (`EXPORT_PATTERNS`) and any top-level
-    folder of `uploaded`; never `NEVER_DELETED`.
-    """
+    """The files of `existing` (in the repo now) that a push owns and its upload (`uploaded`) lacks, sorted: in
+    `folders`, and with `export_root` the export's (`EXPORT_PATTERNS`, any top-level folder of `uploaded`)."""
     from huggingface_hub.utils import filter_repo_objects
 
     uploaded = set(uploaded)
@@ -111,27 +96,20 @@ def hub_errors(what: str, repo_id: str, token: str | None):
     """Turns any failure of the calls inside into a `HubPushError` naming `what` and `repo_id`, token scrubbed."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    def scrub(message: str) -> str:
-        return message.replace(token, "***") if token else message
-
     try:
         yield
-    except HfHubHTTPError as err:
+    except Exception as err:  # HTTP errors, connection refused, timeouts (httpx errors are no OSError)
+        http = isinstance(err, HfHubHTTPError)
         hint = {401: " (token rejected)", 403: " (no write access to this namespace)"}.get(
-            getattr(err.response, "status_code", None), "")
-        raise HubPushError(scrub(f"{what} to {repo_id!r} failed{hint}: {err}. The local folder was not changed.")) \
-            from None
-    except Exception as err:  # connection refused, timeouts, malformed server answers (httpx errors are no OSError)
-        raise HubPushError(scrub(f"{what} to {repo_id!r} failed: {type(err).__name__}: {err}. The local folder was "
-                                 "not changed.")) from None
+            getattr(err.response, "status_code", None), "") if http else ""
+        error = str(err) if http else f"{type(err).__name__}: {err}"
+        message = f"{what} to {repo_id!r} failed{hint}: {error}. The local folder was not changed."
+        raise HubPushError(message.replace(token, "***") if token else message) from None
 
 
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
-    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused.
-
-    With `owner` (a trainer), the same `HfApi` is reused for the same endpoint and token, so the
-    uploads it runs as futures go through its one worker thread in the order they were asked for.
-    """
+    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused. With `owner`
+    (a trainer), one `HfApi` per endpoint and token, so its futures run in its one worker thread, in order."""
     from huggingface_hub import HfApi, constants, get_token
 
     if constants.is_offline_mode():
@@ -146,11 +124,8 @@ def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
 
 
 def create_hub_repo(name: str, *, token: str | None = None, private: bool | None = None, owner=None) -> str:
-    """Creates the model repo `name` if needed and returns its `namespace/name` id.
-
-    A bare `name` goes to the token's own namespace, as `Trainer.init_hf_repo` does with the
-    `output_dir`'s name when no `hub_model_id` is set. An invalid name is a `ValueError` naming it.
-    """
+    """Creates the model repo `name` if needed and returns its `namespace/name` id; a bare `name` goes to the
+    token's namespace, as `Trainer.init_hf_repo` puts the `output_dir`'s name. An invalid name is a `ValueError`."""
     try:
         validate_repo_id(name if "/" in name else f"namespace/{name}")  # a bare name: the characters of a model name
     except ValueError:
@@ -166,14 +141,10 @@ def create_hub_repo(name: str, *, token: str | None = None, private: bool | None
 def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, what: str = "Upload",
                    export_root: bool = False, private: bool | None = None, revision: str | None = None,
                    token: str | None = None, endpoint: str | None = None, run_as_future: bool = False, owner=None):
-    """Creates `repo_id` (and the branch `revision`) if needed and uploads `folders` in ONE commit.
-
-    `folders`: `(folder, path_in_repo or None, ignore_patterns or None)`; each one with a `path_in_repo` is owned
-    whole, and with `export_root` the root export too (`stale_files`): the same commit deletes their files at the
-    branch's head that the upload lacks, and names that head as its parent. Returns the `CommitInfo`, or with
-    `run_as_future` a `Future` of it whose `result()` raises the `HubPushError` naming `what` and the repo. `owner`:
-    see `hub_api` (the futures of one trainer run in order).
-    """
+    """Creates `repo_id` (and the branch `revision`) if needed and uploads `folders`, `(folder, path_in_repo or
+    None, ignore_patterns or None)`, in ONE commit that deletes the stale files it owns (a folder with a
+    `path_in_repo`; with `export_root` the root export) read at the branch head, its parent. Returns the
+    `CommitInfo`, or with `run_as_future` its `Future`; errors are `HubPushError`s naming `what` and the repo."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
     from huggingface_hub.errors import RevisionNotFoundError
 
@@ -209,12 +180,9 @@ def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, w
 def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | None = None,
                 revision: str | None = None, commit_message: str | None = None, dry_run: bool = False,
                 token: str | None = None, endpoint: str | None = None) -> str | list[tuple[str, int]]:
-    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the root
-    export files an earlier upload left that this export does not have (see the module).
-
-    Returns the commit URL, or with `dry_run` the `(path_in_repo, size)` list that would be
-    uploaded (nothing is sent, no token is needed; what would be deleted is read at push time).
-    """
+    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the export
+    files an earlier upload left that this one lacks. Returns the commit URL, or with `dry_run` the
+    `(path_in_repo, size)` list it would upload (nothing sent, no token needed)."""
     validate_repo_id(repo_id)
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
@@ -330,12 +298,9 @@ def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | N
 
 
 class HubPublishingMixin:
-    """`Trainer` hooks that keep the Hub layout above: checkpoints in sub-folders, the export at the root.
-
-    `push_to_hub()` publishes what `hf-mocose export` + `hf-mocose push` (and the end of `scripts/train.py`)
-    publish; `_push_from_checkpoint` sends resumable checkpoints where `hub_strategy` says, never to the root;
-    `init_hf_repo` names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks.
-    """
+    """`Trainer` hooks that keep the layout above: `push_to_hub()` publishes what `hf-mocose export` + `push`
+    publish, `_push_from_checkpoint` sends checkpoints where `hub_strategy` says (never to the root), `init_hf_repo`
+    names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Creates the repo `hub_model_id`, or without one `<output_dir's name>` in the token's namespace
@@ -364,17 +329,11 @@ class HubPublishingMixin:
 
     def export_sentence_transformers(self, output_dir: str | os.PathLike | None = None, *,
                                      final_dir: str | os.PathLike | None = None, **card_kwargs) -> Path | None:
-        """Saves the model and writes its sentence-transformers export, with the model card; returns the export.
-
-        What `push_to_hub()` publishes, without the upload: the MoCoSE model is saved to `final_dir` (default
-        `<output_dir>/final`, what `SentenceTransformer` cannot load) and exported to `output_dir` (default
-        `<args.output_dir>/sentence-transformers`), which `SentenceTransformer(output_dir)` loads: the online
-        branch with its pooling, truncating at the encoder's inference length (`max_seq_length=` to choose
-        another). Built on `hf_mocose.export_to_sentence_transformers`; `card_kwargs` are its card keywords
-        (`eval_results`, `corpus`, `datasets`, `base_model`, `template`, `max_seq_length`...). Call it on every
-        process (sharded saves need them all); the main process writes the export and gets its folder, the
-        others None.
-        """
+        """What `push_to_hub()` publishes, without the upload: saves the MoCoSE model to `final_dir` (default
+        `<output_dir>/final`) and its export with the card (`export_to_sentence_transformers`; `card_kwargs`:
+        `eval_results`, `corpus`, `datasets`, `base_model`, `template`, `max_seq_length`...) to `output_dir` (default
+        `<output_dir>/sentence-transformers`), which `SentenceTransformer` loads. Call it on every process (sharded
+        saves need them all); returns the export folder on the main process, None on the others."""
         final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
         self.save_model(str(final_dir), _internal_call=True)
         if not self.is_world_process_zero():
@@ -383,23 +342,18 @@ class HubPublishingMixin:
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
-        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would.
-
-        The MoCoSE model is saved to `final_dir` (default `<output_dir>/final`), its sentence-transformers
-        export, with the model card, to `<output_dir>/sentence-transformers`; both go up in ONE commit
-        (`commit_message`): the export at the repo root, so `SentenceTransformer(hub_model_id)` loads it,
-        the MoCoSE model in `mocose/`. `token`, `revision` and `private` default to `hub_token`,
-        `hub_revision` and `hub_private_repo`. Without `hub_model_id` the repo is `<output_dir's name>` in
-        the token's namespace, as with `Trainer`.
+        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would: the MoCoSE model
+        (saved to `final_dir`, default `<output_dir>/final`) in `mocose/` and its export with the card (written to
+        `<output_dir>/sentence-transformers`) at the root, in ONE commit (`commit_message`). `token`, `revision` and
+        `private` default to `hub_token`, `hub_revision` and `hub_private_repo`; without `hub_model_id` the repo is
+        `<output_dir's name>` in the token's namespace, as with `Trainer`.
 
         Keywords (anything else is a `TypeError` before anything is saved): `Trainer.create_model_card`'s
-        `model_name`, `language`, `license`, `tags` (a string is one tag), `finetuned_from`, `tasks`,
-        `dataset_tags`, `dataset`, `dataset_args` (see `model_card.card_kwargs_from_trainer_keywords`);
-        hf-mocose's `eval_results`, `corpus`, `datasets`, `base_model`, `template` (the card),
-        `max_seq_length` (the export's inference length) and `final_dir`.
-
-        Returns the commit's `CommitInfo` (a `Future` of it with `blocking=False`, whose `result()` raises
-        the upload's `HubPushError`) on the main process, None on the others.
+        (`model_name`, `language`, `license`, `tags`, `finetuned_from`, `tasks`, `dataset_tags`, `dataset`,
+        `dataset_args`: `card_kwargs_from_trainer_keywords`), hf-mocose's `eval_results`, `corpus`, `datasets`,
+        `base_model`, `template`, `max_seq_length` (the export's inference length) and `final_dir`. Returns the
+        `CommitInfo` (with `blocking=False` its `Future`, whose `result()` raises the `HubPushError`) on the main
+        process, None on the others.
         """
         from .model_card import card_kwargs_from_trainer_keywords
 
