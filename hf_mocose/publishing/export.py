@@ -178,14 +178,12 @@ def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> lis
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
-    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`.
+    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`, on
+    probes longer than the training length and than `max_seq_length` (an export truncating elsewhere fails).
 
-    The probes include sentences longer than the training length and than `max_seq_length`, so an
-    export that truncates anywhere else fails. Returns the max abs difference; raises `RuntimeError`
-    above `atol`, or when the reloaded model's `max_seq_length` is not `max_seq_length` (a broken
-    export must not be published). A bf16/fp16 model (e.g. saved by DeepSpeed with bf16) computes in that
-    precision on both sides, along different paths: two of its rounding steps at the embeddings' largest
-    magnitude are allowed then.
+    Returns the max abs difference; a `RuntimeError` above `atol` or when the reloaded `max_seq_length` differs
+    (a broken export must not be published). A bf16/fp16 model computes in that precision on both sides, along
+    different paths: two of its rounding steps at the embeddings' largest magnitude are allowed then.
     """
     from sentence_transformers import SentenceTransformer
 
@@ -226,34 +224,23 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
         )
 
 
-def export_to_sentence_transformers(
-    checkpoint: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    overwrite: bool = False,
-    *,
-    max_seq_length: int | None = None,
-    eval_results: str | os.PathLike | dict | None = None,
-    write_card: bool = True,
-    verify: bool = True,
-    **card_kwargs,
-) -> Path:
-    """Writes a sentence-transformers model folder of the checkpoint's online branch.
+def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
+                                    overwrite: bool = False, *, max_seq_length: int | None = None,
+                                    eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
+                                    verify: bool = True, **card_kwargs) -> Path:
+    """Writes a sentence-transformers model folder of the checkpoint's online branch; returns the folder.
 
     Args:
         checkpoint: a MoCoSE checkpoint folder (config.json + model.safetensors + tokenizer).
-        output_dir: the folder to write; must be absent or empty unless `overwrite`.
-        overwrite: replace a non-empty `output_dir` (its old contents are removed, so no stale
-            module folder survives).
-        max_seq_length: tokens the exported model truncates its inputs at. Default: the base
-            model's sentence-transformers `max_seq_length`, else the encoder's position limit (see
-            `hf_mocose.models.sequence_length`); not the training length.
-        eval_results: evaluation JSON (path or dict) whose STS results go into the model card.
-        write_card: write README.md from the `model_cards/` template (see `write_model_card`).
+        output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole, so no
+            stale module folder survives).
+        max_seq_length: tokens the export truncates its inputs at. Default: the base model's sentence-transformers
+            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.sequence_length`), not the
+            training length.
+        eval_results: evaluation JSON (path or dict) whose results go into the model card.
+        write_card: write README.md from the `model_cards/` template (`write_model_card`).
         verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
-        **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template...).
-
-    Returns:
-        The export folder.
+        **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template, facts...).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded

@@ -22,20 +22,9 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformerModelCardData
 
-from .card_facts import (
-    STS_TASKS,
-    STSB_DEV,
-    TASK_NAMES,
-    TRAINING_LOSS,
-    TRANSFER_TASKS,
-    _read_json,
-    load_card_facts,
-    read_eval_results,
-    training_details,
-)
-
-__all__ = ["CITATIONS", "card_kwargs_from_trainer_keywords", "find_template", "read_eval_results", "render_model_card",
-           "write_model_card"]
+from .card_facts import STS_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, _read_json, load_card_facts
+from .card_facts import read_eval_results as read_eval_results  # the evaluation JSON, read for the card
+from .card_facts import training_details
 
 DEFAULT_TEMPLATE = "mocose.md.j2"
 # Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
@@ -100,11 +89,8 @@ def mocose_eval_results(results: dict[str, Any]) -> list:
 
 @dataclass
 class MoCoSEModelCardData(SentenceTransformerModelCardData):
-    """`SentenceTransformerModelCardData` plus a model-index from an evaluation JSON (`eval_results`).
-
-    `local_path_snippet`: the usage snippet loads a local folder (`model_id` is then a path), so it does
-    not say it downloads from the Hub.
-    """
+    """`SentenceTransformerModelCardData` plus a model-index from an evaluation JSON (`eval_results`);
+    `local_path_snippet`: the usage snippet loads a local folder (`model_id`), it downloads nothing."""
 
     eval_results: list = field(default_factory=list)  # huggingface_hub EvalResult, see `mocose_eval_results`
     local_path_snippet: bool = False
@@ -165,14 +151,11 @@ _SAME_MEANING = {"finetuned_from": "base_model", "dataset_tags": "datasets", "da
 
 
 def card_kwargs_from_trainer_keywords(**kwargs) -> dict[str, Any]:
-    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s, with transformers' meaning.
-
-    `finetuned_from` is the `base_model`; `dataset_tags` are Hub dataset ids (metadata `datasets`);
-    `dataset` names the training data in the text (our `corpus`); `dataset_args` are their
-    configurations; `tasks` become tags (the `pipeline_tag` stays sentence-similarity, which
-    sentence-transformers' loader and the Hub widget need); `tags` may be a string (one tag).
-    Giving both names of one thing with different values is a `ValueError` naming both.
-    """
+    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s, with transformers' meaning:
+    `finetuned_from` is the `base_model`, `dataset_tags` the metadata `datasets`, `dataset` the text's `corpus`,
+    `dataset_args` their configurations; `tasks` become tags (the `pipeline_tag` stays sentence-similarity, which
+    sentence-transformers' loader and the Hub widget need); `tags` may be a string (one tag). Both names of one
+    thing with different values are a `ValueError` naming both."""
     card = dict(kwargs)
     for trainer_name, ours in _SAME_MEANING.items():
         value = card.pop(trainer_name, None)
@@ -198,26 +181,14 @@ def _is_hub_id(value: str | None) -> bool:
     return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
 
 
-def render_model_card(
-    export_dir: str | os.PathLike,
-    checkpoint: str | os.PathLike | None = None,
-    eval_results: str | os.PathLike | dict | None = None,
-    *,
-    template: str | os.PathLike | None = None,
-    repo_id: str | None = None,
-    export_name: str | None = None,
-    base_model: str | None = None,
-    datasets: list[str] | tuple[str, ...] = (),
-    corpus: str | None = None,
-    language: str | list[str] | None = "en",
-    license: str | None = "apache-2.0",
-    tags: str | list[str] | None = None,
-    model_name: str | None = None,
-    tasks: str | list[str] | None = None,
-    dataset_args: str | list[str] | None = None,
-    training_args: Any | None = None,
-    facts: dict[str, Any] | None = None,
-):
+def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
+                      repo_id: str | None = None, export_name: str | None = None, base_model: str | None = None,
+                      datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
+                      language: str | list[str] | None = "en", license: str | None = "apache-2.0",
+                      tags: str | list[str] | None = None, model_name: str | None = None,
+                      tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
+                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
     """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
 
     `model_name` is the card's title and model-index name (default: the repo's or folder's name); `tags` and
