@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli
-from hf_mocose.publishing.model_card import find_template, read_eval_results, render_model_card, write_model_card
+from hf_mocose.publishing.export import render_model_card, write_model_card
+from hf_mocose.publishing.model_card import find_template, read_eval_results
 
 # The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).
 EVAL = {
@@ -207,7 +208,7 @@ def test_eval_results_inputs(tmp_path):
 def test_cli_export_writes_the_card(run, tmp_path, capsys):
     out, _, _ = run
     original = cli.COMMAND_MODULES
-    cli.COMMAND_MODULES = ("hf_mocose.publishing.export",)
+    cli.COMMAND_MODULES = ("hf_mocose.publishing.commands",)
     try:
         code = cli.main(["export", str(out / "final"), str(tmp_path / "exp"), "--eval_results", str(out / "eval.json"),
                          "--repo_id", "alice/tiny", "--dataset", "princeton-nlp/datasets-for-simcse"])
@@ -299,7 +300,7 @@ def test_card_facts_json_is_what_the_card_reads(run, tmp_path):
 
     from transformers import TrainerState
 
-    from hf_mocose.publishing.card_facts import CARD_FACTS_JSON, save_card_facts
+    from hf_mocose.publishing.model_card import CARD_FACTS_JSON, save_card_facts
     from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     out, export, _ = run

@@ -17,7 +17,7 @@ from .errors import run_command
 # module path -> what it adds; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
     "hf_mocose.evaluation.commands",  # evaluate, diagnose
-    "hf_mocose.publishing.export",  # export, push
+    "hf_mocose.publishing.commands",  # export, push
     "hf_mocose.methods.mtd",  # mtd
 )
 
@@ -26,8 +26,8 @@ COMMAND_MODULES = (
 COMMAND_OWNERS = {
     "evaluate": "hf_mocose.evaluation.commands",
     "diagnose": "hf_mocose.evaluation.commands",
-    "export": "hf_mocose.publishing.export",
-    "push": "hf_mocose.publishing.export",
+    "export": "hf_mocose.publishing.commands",
+    "push": "hf_mocose.publishing.commands",
     "mtd": "hf_mocose.methods.mtd",
 }
 

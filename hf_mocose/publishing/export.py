@@ -1,9 +1,6 @@
-"""Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only), and the `export` and
-`push` sub-commands of `hf-mocose` (`register(subparsers)`):
+"""Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only), with its model card.
 
     hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
-                     [--repo_id user/name]
-    hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--commit_message MSG] [--dry_run]
 
 The exported folder is built from sentence-transformers' own modules and written by its own
 `save`, so it is exactly what `SentenceTransformer(OUTPUT_DIR)` expects:
@@ -22,13 +19,12 @@ value given (`hf_mocose.models.sequence_length.inference_max_seq_length`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
-import sys
 import uuid
+from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import torch
@@ -36,6 +32,9 @@ from torch import nn
 
 from ..models.encoding import encode_with_model
 from ..models.sequence_length import inference_max_seq_length
+from .model_card import (CITATIONS, STS_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, MoCoSEModelCardData,
+                         _read_json, as_list, find_template, load_card_facts, mocose_eval_results, read_eval_results,
+                         training_data_tables, training_details)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +47,13 @@ PROBE_SENTENCES = (
 )
 _PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
+# Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
+USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrument.", "A woman is slicing an onion.",
+                   "The weather is lovely today.")
+# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
+PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
+                 "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
+CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
 # sentence_pooling -> sentence-transformers Pooling mode (cls_dense is CLS followed by a Dense).
 POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
 
@@ -266,8 +272,6 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
             diff = verify_export(staging, model, tokenizer, max_seq_length)
             logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
         if write_card:
-            from .model_card import write_model_card
-
             card_kwargs.setdefault("export_name", output_dir.name)
             write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)
         if output_dir.exists():
@@ -279,85 +283,94 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     return output_dir
 
 
-# ----------------------------------------------------------------------------- the sub-commands
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds `export` and `push` to the `hf-mocose` parser."""
-    export = subparsers.add_parser(
-        "export",
-        help="Export a MoCoSE checkpoint as a sentence-transformers model folder with a model card.",
-        description="Writes the online branch of CHECKPOINT as a sentence-transformers model (Transformer -> "
-        "Pooling [-> Dense for cls_dense]) plus README.md, and checks it reproduces the checkpoint's embeddings.",
-    )
-    export.add_argument("checkpoint", help="MoCoSE checkpoint folder (e.g. <output_dir>/final).")
-    export.add_argument("output_dir", help="Folder to write; must be absent or empty unless --overwrite.")
-    export.add_argument("--overwrite", action="store_true", help="Replace a non-empty OUTPUT_DIR.")
-    export.add_argument("--max_seq_length", type=int, default=None,
-                        help="Tokens the exported model truncates its inputs at (default: the base model's "
-                        "sentence-transformers max_seq_length, else the encoder's position limit; not the training "
-                        "length).")
-    export.add_argument("--eval_results", default=None, help="Evaluation JSON (hf-mocose evaluate) for the card.")
-    export.add_argument("--repo_id", default=None, help="Hub repo the card's usage snippets should name.")
-    export.add_argument("--base_model", default=None, help="Hub id of the starting encoder (default: from the config).")
-    export.add_argument("--dataset", dest="datasets", action="append", default=[],
-                        help="Hub dataset id of the training corpus (repeatable); goes into the card metadata.")
-    export.add_argument("--corpus", default=None, help="Free-text description of the training corpus for the card.")
-    export.add_argument("--language", default="en", help="Card language code (default: en).")
-    export.add_argument("--license", default="apache-2.0", help="Card license (default: apache-2.0).")
-    export.add_argument("--template", default=None, help="Custom Jinja card template (file, or a name in model_cards/).")
-    export.add_argument("--no_card", action="store_true", help="Do not write README.md.")
-    export.set_defaults(func=run_export)
-
-    push = subparsers.add_parser(
-        "push",
-        help="Upload an exported folder to the Hugging Face Hub.",
-        description="Creates the repo if needed and uploads OUTPUT_DIR to its root with huggingface_hub. The token "
-        "comes from HF_TOKEN or `hf auth login`.",
-    )
-    push.add_argument("output_dir", help="Folder written by `hf-mocose export`.")
-    push.add_argument("--repo_id", required=True, help="Target repo, 'namespace/name'.")
-    push.add_argument("--private", action="store_true", help="Create the repo as private (ignored if it exists).")
-    push.add_argument("--revision", default=None, help="Branch to push to (created if missing; default: main).")
-    push.add_argument("--commit_message", default=None, help="Commit message.")
-    push.add_argument("--dry_run", action="store_true", help="List what would be uploaded; send nothing.")
-    push.set_defaults(func=run_push)
-
-
-def run_export(args: argparse.Namespace) -> int:
-    card_kwargs = {}
-    if not args.no_card:
-        card_kwargs = dict(
-            repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets, corpus=args.corpus,
-            language=args.language, license=args.license, template=args.template,
-        )
-        if args.repo_id:
-            from .hub import validate_repo_id
-
-            validate_repo_id(args.repo_id)
-    out = export_to_sentence_transformers(
-        args.checkpoint, args.output_dir, overwrite=args.overwrite, max_seq_length=args.max_seq_length,
-        eval_results=args.eval_results, write_card=not args.no_card, **card_kwargs,
-    )
-    print(f"Exported {args.checkpoint} to {out} (load it with SentenceTransformer({str(out)!r})).")
-    return 0
-
-
-def run_push(args: argparse.Namespace) -> int:
-    from .hub import HubPushError, push_export
-
+# ----------------------------------------------------------------------------- the model card
+def _version(package: str) -> str | None:
     try:
-        result = push_export(
-            args.output_dir, args.repo_id, private=args.private or None, revision=args.revision,
-            commit_message=args.commit_message, dry_run=args.dry_run,
-        )
-    except HubPushError as err:
-        print(f"hf-mocose push: error: {err}", file=sys.stderr)
-        return 1
-    if args.dry_run:
-        total = sum(size for _, size in result)
-        print(f"Dry run: would upload {len(result)} files ({total} bytes) to {args.repo_id} "
-              f"({args.revision or 'main'}); nothing was sent.")
-        for path, size in result:
-            print(f"  {path}\t{size}")
-        return 0
-    print(f"Pushed {args.output_dir} to {args.repo_id}: {result}")
-    return 0
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def _is_hub_id(value: str | None) -> bool:
+    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
+    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
+
+
+def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
+                      repo_id: str | None = None, export_name: str | None = None, base_model: str | None = None,
+                      datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
+                      language: str | list[str] | None = "en", license: str | None = "apache-2.0",
+                      tags: str | list[str] | None = None, model_name: str | None = None,
+                      tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
+                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
+    """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
+
+    `model_name` is the card's title and model-index name (default: the repo's or folder's name); `tags` and
+    `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the corpus. `facts` are the
+    live run's (`card_facts`), else the checkpoint's (`load_card_facts`); `training_args` (an arguments object,
+    or a dict as recorded) replaces their training arguments.
+    """
+    from huggingface_hub import ModelCard
+    from sentence_transformers import SentenceTransformer
+
+    export_dir = Path(export_dir)
+    config = (_read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
+    facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}
+    details = training_details(config, facts, training_args)
+    results = read_eval_results(eval_results)
+    base_model = base_model or details["base_model"]
+    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
+    model_id = repo_id or f"path/to/{export_name or export_dir.name}"
+    method, una = details["method"], ["una"] if details["una_used"] else []
+    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []), *una]
+    title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
+    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
+    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
+    card_data = MoCoSEModelCardData(language=language, license=license, model_name=title, local_files_only=True,
+                                    generate_widget_examples=True, eval_results=mocose_eval_results(results),
+                                    local_path_snippet=not repo_id)
+    card_data.model_id = model_id  # set after init: a local `path/to/name` is not a Hub id, and is still the path
+    card_data.register_model(st_model)
+    card_data.add_tags(list(dict.fromkeys(["mocose", method, *una, *as_list(tags), *as_list(tasks)])))
+    card_data.base_model = base_for_card  # sentence-transformers would confirm it on the Hub first (docs/design.md)
+    card_data.datasets = list(datasets)
+    card_data.set_losses([])  # no loss object to cite (the method is cited below): Sentence-BERT's own citation
+    card_data.citations = {**card_data.citations, **{CITATION_NAMES[name]: CITATIONS[name] for name in cited}}
+    card_data.usage_examples = list(USAGE_SENTENCES[:3])
+    card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
+    logged = details["log_rows"]
+    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
+    card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
+    if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
+        card_data.set_best_model_step(details["best_step"])
+    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
+    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
+    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
+    versions = {name: _version(name) for name in ("hf-mocose", "huggingface_hub")}  # (its card data has the rest)
+    template_path = find_template(template)
+    card = ModelCard.from_template(
+        card_data, template_path=str(template_path), title=title, model_id=model_id, is_repo=bool(repo_id),
+        method_name=CITATION_NAMES.get(method, method), sentence_pooling=details["sentence_pooling"],
+        max_seq_length=st_model.max_seq_length,  # what the export truncates at
+        training_max_seq_length=details["training_max_seq_length"],
+        has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
+        modules=[type(module).__name__ for module in st_model], details=details, results=results,
+        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
+        paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
+        dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
+        training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
+    )
+    # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
+    parsed = ModelCard(str(card))
+    if parsed.data.library_name != "sentence-transformers":
+        raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
+    return parsed
+
+
+def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
+    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
+    path = Path(export_dir) / "README.md"
+    path.write_text(str(render_model_card(export_dir, checkpoint, eval_results, **kwargs)), encoding="utf-8")
+    return path

@@ -252,7 +252,7 @@ def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: i
     `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
     """
     from .export import export_to_sentence_transformers
-    from .card_facts import card_facts
+    from .model_card import card_facts
 
     output_dir = Path(trainer.args.output_dir)
     return export_to_sentence_transformers(

@@ -1,38 +1,248 @@
-"""Model cards of exported MoCoSE models: sentence-transformers' card data on the loaded export, our layout.
+"""What a model card of an exported MoCoSE model says: the run's facts, collected while it trains, and the pieces
+the card is built from (sentence-transformers' card data, the evaluation results, citations, the template).
 
-The export is loaded as a `SentenceTransformer` and registered with `SentenceTransformerModelCardData`
-(`MoCoSEModelCardData`), whose `to_dict()` gives what every sentence-transformers card has (architecture, output
-dimension, max length, similarity function, usage snippet with its output, training-logs table with the best step,
-versions, Sentence-BERT citation, YAML with `widget:`). What it would do online is set directly (docs/design.md):
-`local_files_only=True`, `base_model` from the checkpoint's record, `datasets` from the given ids, the model-index
-from the evaluation JSON in its convention (`spearman_cosine` in [-1, 1]). What the card states about the run comes
-from the facts collected while it trained (`card_facts`); nothing is guessed. The layout is
-`model_cards/mocose.md.j2` (installed: `hf_mocose/templates/`); the card is rendered and parsed back by
-`huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub. `render_model_card` also takes
-`Trainer.create_model_card`'s keywords with transformers' meaning (`card_kwargs_from_trainer_keywords`).
+Facts. sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is
+written at export, maybe later, offline, from a checkpoint, when the trainer and its data are gone. So
+`MoCoSETrainer` describes its training set when it starts (`describe_training_data`) and, from the Trainer's own
+save hook (`_save`, as TRL's trainers write their cards when they save), writes the run's facts with every model
+and checkpoint it saves, in one JSON file, `card_facts.json` (`save_card_facts`: the training arguments the card
+shows, the training data, the logs table and best step, the steps, the wall time, the batch size, the hardware).
+Nothing is unpickled: the Trainer's `training_args.bin` would run code from the file. A checkpoint saved before
+`card_facts.json` existed is read from the files it has, `training_args.json`, `training_data.json` and
+`trainer_state.json` (`load_card_facts`). `training_details` turns the facts and the checkpoint's config into
+what the card shows.
+
+Card. `export.render_model_card` loads the export as a `SentenceTransformer` and registers it with
+`SentenceTransformerModelCardData` (`MoCoSEModelCardData`, which adds the model-index of the evaluation JSON in
+sentence-transformers' convention, `spearman_cosine` in [-1, 1]: `mocose_eval_results`), then renders the layout,
+`model_cards/mocose.md.j2` (installed: `hf_mocose/templates/`; `find_template`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from sentence_transformers import SentenceTransformerModelCardData
 
-from .card_facts import STS_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, _read_json, load_card_facts
-from .card_facts import read_eval_results as read_eval_results  # the evaluation JSON, read for the card
-from .card_facts import training_details
+from .card_hyperparameters import as_record, model_rows, training_rows
+
+CARD_FACTS_JSON = "card_facts.json"
+STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
+TASK_NAMES = {
+    "sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+    "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev",
+    "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC",
+}
+TRAINING_LOSS, STSB_DEV = "Training Loss", "STS-B dev Spearman"
+STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 sentences (sentence-transformers: 100)
+
+
+def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
+    """The card's description of `dataset` (raw `text`, or tokenised `input_ids`, with or without `text`), or None
+    (no dataset, or neither column): `{"sentences": N or None (a stream), "columns", "token_lengths": {"min", "mean",
+    "max", "rows", "max_seq_length", "longer"}, "samples", "samples_from_tokens"}`. Lengths count tokens as training
+    saw them (special tokens included, truncated); `longer`: how many rows were cut (None without the text); the
+    samples are the first rows' text, or their tokens decoded."""
+    columns = list(getattr(dataset, "column_names", None) or [])
+    if dataset is None or not ({"text", "input_ids"} & set(columns)):
+        return None
+    size = len(dataset) if hasattr(dataset, "__len__") else None
+    # An IterableDataset's first rows are read again on every pass: nothing is consumed.
+    first = dataset.select(range(min(STATS_ROWS, size))) if size is not None else list(islice(iter(dataset), STATS_ROWS))
+    rows = {name: [row[name] for row in first] for name in columns if name in ("text", "input_ids")}
+    texts = None if rows.get("text") is None else [text or "" for text in rows["text"]]
+    longer = None
+    if texts is not None:  # tokenised once, whole: training's lengths are these cut at max_seq_length
+        whole = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+        longer = sum(length > max_seq_length for length in whole)
+    lengths = [len(ids) for ids in rows["input_ids"]] if "input_ids" in rows else [
+        min(length, max_seq_length) for length in whole]
+    if not lengths:
+        return None
+    samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
+        tokenizer.decode(ids, skip_special_tokens=True) for ids in rows["input_ids"][:SAMPLE_ROWS]]
+    return {
+        "sentences": size,
+        "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
+        "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
+                          "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
+        "samples": samples,
+        "samples_from_tokens": texts is None,
+    }
+
+
+def describe_hardware(args) -> str:
+    """'N x <GPU name>' (or CPU processes) of the live run."""
+    import torch
+
+    world = getattr(args, "world_size", 1)
+    if torch.cuda.is_available():
+        return f"{world} x {torch.cuda.get_device_name(0)}"
+    return f"{world} x CPU process" + ("es" if world > 1 else "")
+
+
+def state_facts(state: dict[str, Any]) -> dict[str, Any]:
+    """The card's facts of a `TrainerState` (its `vars`, or a `trainer_state.json`): the steps, the wall time, the
+    best step (`best_global_step`, else `best_model_checkpoint`'s) and the logs table, one row per logged step
+    (`Epoch`, `Step`, `Training Loss`, `STS-B dev Spearman` x100, 4 decimals, merged when a step has both)."""
+    rows: list[dict[str, Any]] = []
+    for entry in state.get("log_history") or []:
+        values = {TRAINING_LOSS: entry.get("loss"), STSB_DEV: entry.get("eval_stsb_spearman")}
+        values = {key: round(float(value), 4) for key, value in values.items() if isinstance(value, (int, float))}
+        if not values or entry.get("step") is None:
+            continue
+        if rows and rows[-1]["Step"] == entry["step"]:
+            rows[-1].update(values)
+        else:
+            rows.append({"Epoch": round(float(entry.get("epoch") or 0), 4), "Step": entry["step"], **values})
+    best, checkpoint = state.get("best_global_step"), str(state.get("best_model_checkpoint") or "").rstrip("/")
+    if best is None and checkpoint.rsplit("-", 1)[-1].isdigit():
+        best = int(checkpoint.rsplit("-", 1)[-1])
+    runtimes = [entry["train_runtime"] for entry in state.get("log_history") or [] if "train_runtime" in entry]
+    return {"global_step": state.get("global_step"), "max_steps": state.get("max_steps"),
+            "train_runtime": runtimes[-1] if runtimes else None, "log_rows": rows, "best_step": best}
+
+
+def card_facts(trainer) -> dict[str, Any]:
+    """The card's facts of a live run (see the module), as `save_card_facts` writes them."""
+    return {"training_args": as_record(trainer.args), "training_data": getattr(trainer, "training_data", None),
+            **state_facts(vars(trainer.state)), "global_batch_size": getattr(trainer, "global_batch_size", None),
+            "hardware": describe_hardware(trainer.args)}
+
+
+def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
+    """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
+    or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
+    path = Path(folder) / CARD_FACTS_JSON
+    facts = json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    path.write_text(facts + "\n", encoding="utf-8")
+    return path
+
+
+def _read_json(path: Path | None) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _find_in_run(checkpoint: Path, name: str) -> Path | None:
+    """`name` in the checkpoint, else in its parent output dir, else in the parent's latest checkpoint-N."""
+    numbered = [p for p in checkpoint.parent.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    numbered.sort(key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+    return next((folder / name for folder in (checkpoint, checkpoint.parent, *numbered) if (folder / name).is_file()),
+                None)
+
+
+def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint).
+
+    A checkpoint saved before that file: the same facts from `training_args.json`, `training_data.json` and
+    `trainer_state.json` (same search); `pickle_only` when `training_args.bin` is its only record (never read).
+    """
+    checkpoint = Path(checkpoint)
+    saved = _read_json(_find_in_run(checkpoint, CARD_FACTS_JSON))
+    if isinstance(saved, dict):
+        return saved
+    record = _read_json(_find_in_run(checkpoint, "training_args.json")) or {}
+    data = _read_json(_find_in_run(checkpoint, "training_data.json"))
+    return {"training_args": record, **state_facts(_read_json(_find_in_run(checkpoint, "trainer_state.json")) or {}),
+            "training_data": data if isinstance(data, dict) and isinstance(data.get("token_lengths"), dict) else None,
+            "pickle_only": not record and _find_in_run(checkpoint, "training_args.bin") is not None}
+
+
+def training_details(config: dict[str, Any], facts: dict[str, Any], training_args: Any | None = None) -> dict:
+    """The template's `details`: the run's `facts` with the checkpoint `config`'s, the hyper-parameter rows, the
+    global batch size B (per device x accumulation x processes; one process assumed when unrecorded) and d_trace."""
+    recorded = as_record(facts.get("training_args") if training_args is None else training_args)
+    method, world_size, batch = config.get("method", "mocose"), recorded.get("world_size"), facts.get("global_batch_size")
+    batch_assumed = batch is None and world_size is None
+    if batch is None and "per_device_train_batch_size" in recorded:
+        batch = (recorded["per_device_train_batch_size"] * (recorded.get("gradient_accumulation_steps") or 1)
+                 * (world_size or 1))
+    d_trace = None
+    if method == "mocose" and "ema_decay_end" in recorded and batch:
+        from ..methods.mtd import max_traceable_distance
+
+        d_trace = max_traceable_distance(recorded["ema_decay_end"], config.get("queue_size", 512), batch)
+    runtime = facts.get("train_runtime")
+    minutes, seconds = divmod(int(round(runtime or 0)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return {
+        **state_facts({}), **facts, "method": method, "model_rows": model_rows(config),
+        "train_rows": training_rows(recorded), "all_arguments": dict(sorted((recorded.get("arguments") or {}).items())),
+        "global_batch_size": batch, "batch_assumed": batch_assumed,
+        "d_trace": None if d_trace is None else ("∞ (η_end = 1)" if math.isinf(d_trace) else f"{d_trace:.2f}"),
+        "train_runtime": None if runtime is None else (f"{hours}h {minutes:02d}m {seconds:02d}s" if hours
+                                                       else f"{minutes}m {seconds:02d}s"),
+        "trained_with_transformers": config.get("transformers_version"),
+        "una_used": recorded.get("hard_negatives") == "una",  # an explicit switch: una_alpha has a non-zero default
+        # Checkpoints before base_model_name_or_path existed: the encoder's own record.
+        "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
+        "training_max_seq_length": config.get("max_seq_length"), "sentence_pooling": config.get("sentence_pooling", "cls"),
+        "queue_size": config.get("queue_size"), "best_exported": bool(recorded.get("load_best_model_at_end")),
+    }
+
+
+def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
+    """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`.
+
+    Accepts the `hf-mocose evaluate` format (`{"sts12": {"spearman": .., "pearson": .., "n": ..}, ..., "avg": ..}`,
+    transfer tasks holding `accuracy`), the same nested under "sts"/"transfer" or "results", and the trainer's
+    `eval_results.json` (`eval_stsb_spearman` -> STS-B dev).
+    """
+    raw = source if isinstance(source, dict) else {}
+    if source is not None and not isinstance(source, dict):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"Evaluation results file {str(path)!r} does not exist.")
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"Evaluation results file {str(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"Evaluation results must be a JSON object, got {type(raw).__name__}.")
+    nested = ("results", "sts", "transfer", "tasks")
+    flat = {k: v for key in nested if isinstance(raw.get(key), dict) for k, v in raw[key].items()}
+    flat.update({k: v for k, v in raw.items() if k not in nested})
+    if "eval_stsb_spearman" in flat and "stsb_dev" not in flat:
+        flat["stsb_dev"] = {"spearman": flat["eval_stsb_spearman"], "pearson": flat.get("eval_stsb_pearson")}
+    sts, transfer = {}, {}
+    for task in (*STS_TASKS, "stsb_dev"):
+        value = {"spearman": flat[task]} if isinstance(flat.get(task), (int, float)) else flat.get(task)
+        if isinstance(value, dict) and isinstance(value.get("spearman"), (int, float)):
+            sts[task] = {k: value.get(k) for k in ("spearman", "pearson", "n")}
+    for task in TRANSFER_TASKS:
+        value = flat.get(task)
+        accuracy = value.get("accuracy", value.get("acc")) if isinstance(value, dict) else value
+        if isinstance(accuracy, (int, float)):
+            transfer[task] = float(accuracy)
+    avg = flat.get("avg", flat.get("sts_avg"))
+    avg = avg.get("spearman") if isinstance(avg, dict) else avg
+    # `avg_over` (hf-mocose evaluate) says which STS tasks the average covers; a partial average
+    # must not be labelled, or compared with the paper, as the 7-task one.
+    avg_over = flat.get("avg_over") or [t for t in STS_TASKS if t in sts]
+    if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TASKS):
+        avg, avg_over = sum(sts[t]["spearman"] for t in STS_TASKS) / len(STS_TASKS), list(STS_TASKS)
+    complete = set(STS_TASKS) <= set(avg_over)
+    transfer_avg = flat.get("transfer_avg")
+    return {
+        "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
+        "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
+        "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
+        "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None,
+    }
+
 
 DEFAULT_TEMPLATE = "mocose.md.j2"
-# Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
-USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrument.", "A woman is slicing an onion.",
-                   "The weather is lovely today.")
-# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
-PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
-                 "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
 CITATIONS = {
     "mocose": """@inproceedings{cao-etal-2022-exploring,
     title = "Exploring the Impact of Negative Samples of Contrastive Learning: A Case Study of Sentence Embedding",
@@ -61,7 +271,6 @@ CITATIONS = {
     note = "arXiv preprint",
 }""",
 }
-CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
 
 
 def mocose_eval_results(results: dict[str, Any]) -> list:
@@ -167,95 +376,3 @@ def card_kwargs_from_trainer_keywords(**kwargs) -> dict[str, Any]:
                              "differently: give one of them.")
         card[ours] = value
     return {name: as_list(value) if name in ("tags", "tasks", "dataset_args") else value for name, value in card.items()}
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _is_hub_id(value: str | None) -> bool:
-    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
-    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
-
-
-def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
-                      repo_id: str | None = None, export_name: str | None = None, base_model: str | None = None,
-                      datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
-                      language: str | list[str] | None = "en", license: str | None = "apache-2.0",
-                      tags: str | list[str] | None = None, model_name: str | None = None,
-                      tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
-                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
-    """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
-
-    `model_name` is the card's title and model-index name (default: the repo's or folder's name); `tags` and
-    `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the corpus. `facts` are the
-    live run's (`card_facts`), else the checkpoint's (`load_card_facts`); `training_args` (an arguments object,
-    or a dict as recorded) replaces their training arguments.
-    """
-    from huggingface_hub import ModelCard
-    from sentence_transformers import SentenceTransformer
-
-    export_dir = Path(export_dir)
-    config = (_read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
-    facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}
-    details = training_details(config, facts, training_args)
-    results = read_eval_results(eval_results)
-    base_model = base_model or details["base_model"]
-    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
-    model_id = repo_id or f"path/to/{export_name or export_dir.name}"
-    method, una = details["method"], ["una"] if details["una_used"] else []
-    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []), *una]
-    title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
-    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
-    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
-    card_data = MoCoSEModelCardData(language=language, license=license, model_name=title, local_files_only=True,
-                                    generate_widget_examples=True, eval_results=mocose_eval_results(results),
-                                    local_path_snippet=not repo_id)
-    card_data.model_id = model_id  # set after init: a local `path/to/name` is not a Hub id, and is still the path
-    card_data.register_model(st_model)
-    card_data.add_tags(list(dict.fromkeys(["mocose", method, *una, *as_list(tags), *as_list(tasks)])))
-    card_data.base_model = base_for_card  # sentence-transformers would confirm it on the Hub first (docs/design.md)
-    card_data.datasets = list(datasets)
-    card_data.set_losses([])  # no loss object to cite (the method is cited below): Sentence-BERT's own citation
-    card_data.citations = {**card_data.citations, **{CITATION_NAMES[name]: CITATIONS[name] for name in cited}}
-    card_data.usage_examples = list(USAGE_SENTENCES[:3])
-    card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
-    logged = details["log_rows"]
-    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
-    card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
-    if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
-        card_data.set_best_model_step(details["best_step"])
-    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
-    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
-    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
-    versions = {name: _version(name) for name in ("hf-mocose", "huggingface_hub")}  # (its card data has the rest)
-    template_path = find_template(template)
-    card = ModelCard.from_template(
-        card_data, template_path=str(template_path), title=title, model_id=model_id, is_repo=bool(repo_id),
-        method_name=CITATION_NAMES.get(method, method), sentence_pooling=details["sentence_pooling"],
-        max_seq_length=st_model.max_seq_length,  # what the export truncates at
-        training_max_seq_length=details["training_max_seq_length"],
-        has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
-        modules=[type(module).__name__ for module in st_model], details=details, results=results,
-        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
-        dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
-        training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
-    )
-    # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
-    parsed = ModelCard(str(card))
-    if parsed.data.library_name != "sentence-transformers":
-        raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
-    return parsed
-
-
-def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
-    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
-    path = Path(export_dir) / "README.md"
-    path.write_text(str(render_model_card(export_dir, checkpoint, eval_results, **kwargs)), encoding="utf-8")
-    return path

@@ -41,7 +41,7 @@ from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import ema_decay_at
 from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from ..models.modeling import MoCoSEModel, MoCoSEOutput
-from ..publishing.card_facts import save_card_facts
+from ..publishing.model_card import save_card_facts
 from ..publishing.hub import HubPublishingMixin
 from ..training.callbacks import EMATargetCallback
 from ..training.checkpoints import prepare_resume
@@ -370,7 +370,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """`Trainer._save` (model, tokenizer, training_args.bin), plus the run's facts the model card reads,
-        `card_facts.json` (`publishing.card_facts`: a card may be written later, offline, from any saved folder).
+        `card_facts.json` (`publishing.model_card`: a card may be written later, offline, from any saved folder).
         """
         super()._save(output_dir, state_dict)
         if self.args.should_save:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..publishing.card_facts import save_card_facts
+from ..publishing.model_card import save_card_facts
 
 
 def uses_sharded_state_dict(trainer) -> bool:

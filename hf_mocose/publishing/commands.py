@@ -1,0 +1,96 @@
+"""The `export` and `push` sub-commands of `hf-mocose` (registered through `register(subparsers)`).
+
+    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
+                     [--repo_id user/name]
+    hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--commit_message MSG] [--dry_run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `export` and `push` to the `hf-mocose` parser."""
+    export = subparsers.add_parser(
+        "export",
+        help="Export a MoCoSE checkpoint as a sentence-transformers model folder with a model card.",
+        description="Writes the online branch of CHECKPOINT as a sentence-transformers model (Transformer -> "
+        "Pooling [-> Dense for cls_dense]) plus README.md, and checks it reproduces the checkpoint's embeddings.",
+    )
+    export.add_argument("checkpoint", help="MoCoSE checkpoint folder (e.g. <output_dir>/final).")
+    export.add_argument("output_dir", help="Folder to write; must be absent or empty unless --overwrite.")
+    export.add_argument("--overwrite", action="store_true", help="Replace a non-empty OUTPUT_DIR.")
+    export.add_argument("--max_seq_length", type=int, default=None,
+                        help="Tokens the exported model truncates its inputs at (default: the base model's "
+                        "sentence-transformers max_seq_length, else the encoder's position limit; not the training "
+                        "length).")
+    export.add_argument("--eval_results", default=None, help="Evaluation JSON (hf-mocose evaluate) for the card.")
+    export.add_argument("--repo_id", default=None, help="Hub repo the card's usage snippets should name.")
+    export.add_argument("--base_model", default=None, help="Hub id of the starting encoder (default: from the config).")
+    export.add_argument("--dataset", dest="datasets", action="append", default=[],
+                        help="Hub dataset id of the training corpus (repeatable); goes into the card metadata.")
+    export.add_argument("--corpus", default=None, help="Free-text description of the training corpus for the card.")
+    export.add_argument("--language", default="en", help="Card language code (default: en).")
+    export.add_argument("--license", default="apache-2.0", help="Card license (default: apache-2.0).")
+    export.add_argument("--template", default=None, help="Custom Jinja card template (file, or a name in model_cards/).")
+    export.add_argument("--no_card", action="store_true", help="Do not write README.md.")
+    export.set_defaults(func=run_export)
+
+    push = subparsers.add_parser(
+        "push",
+        help="Upload an exported folder to the Hugging Face Hub.",
+        description="Creates the repo if needed and uploads OUTPUT_DIR to its root with huggingface_hub. The token "
+        "comes from HF_TOKEN or `hf auth login`.",
+    )
+    push.add_argument("output_dir", help="Folder written by `hf-mocose export`.")
+    push.add_argument("--repo_id", required=True, help="Target repo, 'namespace/name'.")
+    push.add_argument("--private", action="store_true", help="Create the repo as private (ignored if it exists).")
+    push.add_argument("--revision", default=None, help="Branch to push to (created if missing; default: main).")
+    push.add_argument("--commit_message", default=None, help="Commit message.")
+    push.add_argument("--dry_run", action="store_true", help="List what would be uploaded; send nothing.")
+    push.set_defaults(func=run_push)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .export import export_to_sentence_transformers
+
+    card_kwargs = {}
+    if not args.no_card:
+        card_kwargs = dict(
+            repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets, corpus=args.corpus,
+            language=args.language, license=args.license, template=args.template,
+        )
+        if args.repo_id:
+            from .hub import validate_repo_id
+
+            validate_repo_id(args.repo_id)
+    out = export_to_sentence_transformers(
+        args.checkpoint, args.output_dir, overwrite=args.overwrite, max_seq_length=args.max_seq_length,
+        eval_results=args.eval_results, write_card=not args.no_card, **card_kwargs,
+    )
+    print(f"Exported {args.checkpoint} to {out} (load it with SentenceTransformer({str(out)!r})).")
+    return 0
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from .hub import HubPushError, push_export
+
+    try:
+        result = push_export(
+            args.output_dir, args.repo_id, private=args.private or None, revision=args.revision,
+            commit_message=args.commit_message, dry_run=args.dry_run,
+        )
+    except HubPushError as err:
+        print(f"hf-mocose push: error: {err}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        total = sum(size for _, size in result)
+        print(f"Dry run: would upload {len(result)} files ({total} bytes) to {args.repo_id} "
+              f"({args.revision or 'main'}); nothing was sent.")
+        for path, size in result:
+            print(f"  {path}\t{size}")
+        return 0
+    print(f"Pushed {args.output_dir} to {args.repo_id}: {result}")
+    return 0
