@@ -15,6 +15,10 @@ left out, as is any optimizer state.
 `max_seq_length` is what the encoder supports at inference, not the (short) training length:
 the base model's own sentence-transformers setting, else the encoder's position limit, or the
 value given (`hf_mocose.models.sequence_length.inference_max_seq_length`).
+
+The card (`render_model_card`, README.md) is rendered at export from the run's facts (`model_card`), with the export
+loaded as a `SentenceTransformer` and registered with sentence-transformers' card data; it is parsed back by
+`huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub.
 """
 
 from __future__ import annotations
