@@ -47,7 +47,7 @@ def run(tiny_encoder, tmp_path_factory):
         model.online_pooler.weight.add_(0.05)
     model.save_pretrained(out / "final")
     AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(out / "final")
-    # training_args.json as MoCoSETrainer writes it (save_card_training_args), without world_size: an older record.
+    # training_args.json as MoCoSETrainer wrote it before card_facts.json, without world_size: an older record.
     args = dict(ema_decay_start=0.75, ema_decay_end=0.95, fgsm_mode="previous", fgsm_epsilon=5e-9,
                 fgsm_views="both", per_device_train_batch_size=4, gradient_accumulation_steps=1,
                 learning_rate=3e-5, num_train_epochs=1.0, seed=42)
