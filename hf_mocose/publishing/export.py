@@ -2,19 +2,12 @@
 
     hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
 
-The exported folder is built from sentence-transformers' own modules and written by its own
-`save`, so it is exactly what `SentenceTransformer(OUTPUT_DIR)` expects:
-
-    Transformer (online encoder + tokenizer, max_seq_length: the inference length, see below)
-      -> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean)
-      -> Dense (the online pooler Linear, identity activation)   only for cls_dense
-
-The target branch, key queue, projection and predictor heads are training machinery and are
-left out, as is any optimizer state.
-
-`max_seq_length` is what the encoder supports at inference, not the (short) training length:
-the base model's own sentence-transformers setting, else the encoder's position limit, or the
-value given (`hf_mocose.models.sequence_length.inference_max_seq_length`).
+The folder is built from sentence-transformers' own modules and written by its own `save`, so it is exactly what
+`SentenceTransformer(OUTPUT_DIR)` expects: Transformer (online encoder + tokenizer) -> Pooling ("cls" for
+sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity activation; only
+for cls_dense). The target branch, queue, projection and predictor heads (training machinery) are left out.
+`max_seq_length` is what the encoder supports at inference, not the (short) training length: the base model's
+sentence-transformers setting, else the encoder's position limit, or the value given (`models.sequence_length`).
 
 The card (`render_model_card`, README.md) is rendered at export from the run's facts (`model_card`), with the export
 loaded as a `SentenceTransformer` and registered with sentence-transformers' card data; it is parsed back by
@@ -44,11 +37,7 @@ logger = logging.getLogger(__name__)
 
 # Short sentences used to check an export against the checkpoint it came from; `probe_sentences`
 # adds long ones built for the lengths at hand.
-PROBE_SENTENCES = (
-    "A man is playing a guitar.",
-    "Momentum contrast keeps a queue of negative keys.",
-    "hi",
-)
+PROBE_SENTENCES = ("A man is playing a guitar.", "Momentum contrast keeps a queue of negative keys.", "hi")
 _PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
 # Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
@@ -74,12 +63,9 @@ def is_mocose_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def load_mocose_checkpoint(checkpoint: str | os.PathLike):
-    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU.
-
-    Raises `FileNotFoundError` / `ValueError` naming the path when it is not a MoCoSE checkpoint
-    (a plain encoder, a sentence-transformers folder, a missing folder) or has no tokenizer, and
-    `IncompleteCheckpointError` naming a weights file that was cut short.
-    """
+    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU. A `FileNotFoundError` /
+    `ValueError` names the path when it is no MoCoSE checkpoint or has no tokenizer, `IncompleteCheckpointError` a
+    weights file cut short."""
     from transformers import AutoTokenizer
 
     from ..models.modeling import MoCoSEModel
@@ -110,12 +96,8 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
 
 
 def _encoder_load_kwargs(encoder: nn.Module) -> dict:
-    """Keyword arguments AutoModel needs to rebuild `encoder` without a randomly initialised part.
-
-    MoCoSE drops the encoder's own pooler (it has its own Linear), so the saved weights have
-    none. BERT-like classes would rebuild it with random weights (and warn); they accept
-    `add_pooling_layer=False`, which makes the reloaded model exactly the exported one.
-    """
+    """Keyword arguments AutoModel needs to rebuild `encoder` without a randomly initialised part: MoCoSE drops the
+    encoder's own pooler, which BERT-like classes would rebuild with random weights unless `add_pooling_layer=False`."""
     import inspect
 
     if getattr(encoder, "pooler", "absent") is not None:  # no pooler attribute, or one that is kept
@@ -131,11 +113,8 @@ def _encoder_load_kwargs(encoder: nn.Module) -> dict:
 
 
 def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike, max_seq_length: int):
-    """Builds the `SentenceTransformer` equivalent of `model.embed` from sentence-transformers modules.
-
-    `staging_dir` receives the encoder and tokenizer, which the `Transformer` module loads from;
-    the model truncates its inputs at `max_seq_length` tokens.
-    """
+    """Builds the `SentenceTransformer` equivalent of `model.embed`, truncating at `max_seq_length` tokens, from
+    sentence-transformers modules; `staging_dir` receives the encoder and tokenizer the `Transformer` loads."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
@@ -144,11 +123,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
     model_kwargs = _encoder_load_kwargs(encoder)
     encoder.save_pretrained(staging_dir)
     tokenizer.save_pretrained(staging_dir)
-    transformer = Transformer(
-        str(staging_dir),
-        max_seq_length=max_seq_length,
-        model_kwargs=model_kwargs or None,
-    )
+    transformer = Transformer(str(staging_dir), max_seq_length=max_seq_length, model_kwargs=model_kwargs or None)
     hidden = config.hidden_size
     modules = [transformer, Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
     if config.sentence_pooling == "cls_dense":
@@ -206,14 +181,11 @@ def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_lengt
     if dtype in (torch.bfloat16, torch.float16):
         atol = max(atol, 2 * torch.finfo(dtype).eps * reference.abs().max().item())
     if diff > atol:
-        raise RuntimeError(
-            f"Export {str(export_dir)!r} differs from the checkpoint's embed() at max_seq_length {max_seq_length} "
-            f"by {diff:.3g} (> {atol})."
-        )
+        raise RuntimeError(f"Export {str(export_dir)!r} differs from the checkpoint's embed() at max_seq_length "
+                           f"{max_seq_length} by {diff:.3g} (> {atol}).")
     if reloaded.max_seq_length != max_seq_length:
-        raise RuntimeError(
-            f"Export {str(export_dir)!r} truncates at {reloaded.max_seq_length} tokens, expected {max_seq_length}."
-        )
+        raise RuntimeError(f"Export {str(export_dir)!r} truncates at {reloaded.max_seq_length} tokens, expected "
+                           f"{max_seq_length}.")
     return diff
 
 

@@ -55,7 +55,8 @@ def validate_repo_id(repo_id: str) -> str:
 
     valid = isinstance(repo_id, str) and repo_id.count("/") == 1
     try:
-        valid and check_characters(repo_id)
+        if valid:
+            check_characters(repo_id)
     except HFValidationError:
         valid = False
     if not valid:
@@ -123,21 +124,6 @@ def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
     return apis.setdefault((endpoint, token), HfApi(endpoint=endpoint, token=token))
 
 
-def create_hub_repo(name: str, *, token: str | None = None, private: bool | None = None, owner=None) -> str:
-    """Creates the model repo `name` if needed and returns its `namespace/name` id; a bare `name` goes to the
-    token's namespace, as `Trainer.init_hf_repo` puts the `output_dir`'s name. An invalid name is a `ValueError`."""
-    try:
-        validate_repo_id(name if "/" in name else f"namespace/{name}")  # a bare name: the characters of a model name
-    except ValueError:
-        if "/" in name:
-            raise
-        raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
-                         "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
-    api = hub_api(token, owner=owner)
-    with hub_errors("Creating the repo", name, api.token):
-        return api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
-
-
 def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, what: str = "Upload",
                    export_root: bool = False, private: bool | None = None, revision: str | None = None,
                    token: str | None = None, endpoint: str | None = None, run_as_future: bool = False, owner=None):
@@ -200,10 +186,8 @@ def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | 
 
 # ----------------------------------------------------------------------------- what a training run publishes
 def checkpoint_path_in_repo(hub_strategy: str, checkpoint_folder: str | os.PathLike) -> str | None:
-    """Where a training checkpoint goes in the repo for `hub_strategy` (None: not pushed on save).
-
-    transformers' names (`last-checkpoint/`, `checkpoint-N/`), but what it would push to the root goes to `mocose/`.
-    """
+    """Where a checkpoint goes in the repo for `hub_strategy` (None: not pushed on save): transformers' folders,
+    and `mocose/` for what it would push to the root."""
     return {"checkpoint": "last-checkpoint", "all_checkpoints": Path(checkpoint_folder).name,
             "every_save": MOCOSE_SUBFOLDER}.get(str(getattr(hub_strategy, "value", hub_strategy)))
 
@@ -247,10 +231,8 @@ def final_repo_id(trainer) -> str:
 
 
 def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: int | None = None, **card_kwargs) -> Path:
-    """Writes the sentence-transformers export of `final_dir` with the live run's card (`card_facts`); returns it.
-
-    `max_seq_length` is the export's inference length (default: see `export_to_sentence_transformers`).
-    """
+    """Writes the sentence-transformers export of `final_dir`, at `max_seq_length` (default: see
+    `export_to_sentence_transformers`), with the live run's card (`card_facts`); returns its folder."""
     from .export import export_to_sentence_transformers
     from .model_card import card_facts
 
@@ -265,12 +247,9 @@ def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | 
                        revision: str | None = None, token: str | None = None, private: bool | None = None,
                        blocking: bool = True):
     """Uploads the export (with its card) to the repo root and `final_dir` to `mocose/` in ONE commit, which also
-    deletes the files of the root export and of `mocose/` that the new ones do not contain.
-
-    `revision`, `token` and `private` default to `hub_revision`, `hub_token` and `hub_private_repo`. Returns the
-    `CommitInfo`, or with `blocking=False` its `Future` (queued after the trainer's earlier uploads; `result()`
-    raises the `HubPushError` if it fails).
-    """
+    deletes their stale files. `revision`, `token` and `private` default to `hub_revision`, `hub_token` and
+    `hub_private_repo`. Returns the `CommitInfo`, or with `blocking=False` its `Future` (after the trainer's earlier
+    uploads; `result()` raises the `HubPushError`)."""
     args = trainer.args
     return upload_folders(
         final_repo_id(trainer), [(final_dir, MOCOSE_SUBFOLDER, CHECKPOINT_IGNORE), (export_dir, None, None)],
@@ -303,14 +282,23 @@ class HubPublishingMixin:
     names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Creates the repo `hub_model_id`, or without one `<output_dir's name>` in the token's namespace
-        (as `Trainer.init_hf_repo`), and records its id in `self.hub_model_id`. Main process only."""
+        """Creates the repo `hub_model_id`, or without one `<output_dir's name>` in the token's namespace (as
+        `Trainer.init_hf_repo`; an invalid name is a `ValueError`), and records its id in `self.hub_model_id`. Main
+        process only."""
         if not self.is_world_process_zero():
             return
-        self.hub_model_id = create_hub_repo(
-            self.args.hub_model_id or Path(self.args.output_dir).absolute().name, owner=self,
-            token=token if token is not None else self.args.hub_token,
-            private=private if private is not None else self.args.hub_private_repo)
+        name = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
+        try:
+            validate_repo_id(name if "/" in name else f"namespace/{name}")  # a bare name: the characters of a name
+        except ValueError:
+            if "/" in name:
+                raise
+            raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
+                             "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
+        api = hub_api(token if token is not None else self.args.hub_token, owner=self)
+        with hub_errors("Creating the repo", name, api.token):
+            private = private if private is not None else self.args.hub_private_repo
+            self.hub_model_id = api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
         self.push_in_progress = None
 
     def _push_from_checkpoint(self, checkpoint_folder):
@@ -370,13 +358,12 @@ class HubPublishingMixin:
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:  # as Trainer: push_to_hub=False during training, the repo is made now
             self.init_hf_repo(token=token, private=private)
-        self.save_model(str(final_dir), _internal_call=True)  # every process (sharded saves need them all)
-        if not self.is_world_process_zero():
-            return None
         model_tags = getattr(self.accelerator.unwrap_model(self.model), "model_tags", None) or []
         if model_tags:  # as Trainer.push_to_hub: the model's own tags join the card's
             card_kwargs["tags"] = [*card_kwargs.get("tags", []), *model_tags]
-        self._finish_current_push()
-        export_dir = export_final_model(self, final_dir, **card_kwargs)
+        self._finish_current_push()  # the checkpoint pushes still running land first
+        export_dir = self.export_sentence_transformers(final_dir=final_dir, **card_kwargs)  # saves on every process
+        if export_dir is None:
+            return None
         return upload_final_model(self, final_dir, export_dir, commit_message=commit_message, revision=revision,
                                   token=token, private=private, blocking=blocking)

@@ -1,21 +1,16 @@
-"""What a model card of an exported MoCoSE model says: the run's facts, collected while it trains, and the pieces
-the card is built from (sentence-transformers' card data, the evaluation results, citations, the template).
+"""What a model card of an exported MoCoSE model says: the run's facts, collected while it trains, and the pieces the
+card is built from (sentence-transformers' card data, the evaluation results, citations, the template).
 
-Facts. sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is
-written at export, maybe later, offline, from a checkpoint, when the trainer and its data are gone. So
-`MoCoSETrainer` describes its training set when it starts (`describe_training_data`) and, from the Trainer's own
-save hook (`_save`, as TRL's trainers write their cards when they save), writes the run's facts with every model
-and checkpoint it saves, in one JSON file, `card_facts.json` (`save_card_facts`: the training arguments the card
-shows, the training data, the logs table and best step, the steps, the wall time, the batch size, the hardware).
-Nothing is unpickled: the Trainer's `training_args.bin` would run code from the file. A checkpoint saved before
-`card_facts.json` existed is read from the files it has, `training_args.json`, `training_data.json` and
-`trainer_state.json` (`load_card_facts`). `training_details` turns the facts and the checkpoint's config into
-what the card shows.
-
-Card. `export.render_model_card` loads the export as a `SentenceTransformer` and registers it with
-`SentenceTransformerModelCardData` (`MoCoSEModelCardData`, which adds the model-index of the evaluation JSON in
-sentence-transformers' convention, `spearman_cosine` in [-1, 1]: `mocose_eval_results`), then renders the layout,
-`model_cards/mocose.md.j2` (installed: `hf_mocose/templates/`; `find_template`).
+sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is written
+at export, maybe later, offline, from a checkpoint, when the trainer and its data are gone. So `MoCoSETrainer`
+describes its training set when it starts (`describe_training_data`) and, from the Trainer's own save hook (`_save`,
+as TRL's trainers write their cards when they save), writes the run's facts with every model and checkpoint it saves
+in one JSON file, `card_facts.json` (`save_card_facts`: the arguments the card shows, the training data, the logs
+table and best step, the steps, the wall time, the batch size, the hardware). Nothing is unpickled: the Trainer's
+`training_args.bin` would run code from the file. A checkpoint saved before `card_facts.json` existed is read from its
+`training_args.json`, `training_data.json` and `trainer_state.json` (`load_card_facts`). `export.render_model_card`
+renders the card from the facts (`training_details`), `MoCoSEModelCardData` (which adds the model-index in
+sentence-transformers' convention, `spearman_cosine` in [-1, 1]) and the template (`find_template`).
 """
 
 from __future__ import annotations
@@ -36,11 +31,9 @@ from .card_hyperparameters import as_record, model_rows, training_rows
 CARD_FACTS_JSON = "card_facts.json"
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
-TASK_NAMES = {
-    "sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-    "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev",
-    "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC",
-}
+TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "stsb": "STS-B",
+              "sickr": "SICK-R", "stsb_dev": "STS-B dev", "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA",
+              "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC"}
 TRAINING_LOSS, STSB_DEV = "Training Loss", "STS-B dev Spearman"
 STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 sentences (sentence-transformers: 100)
 
@@ -79,16 +72,6 @@ def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str,
     }
 
 
-def describe_hardware(args) -> str:
-    """'N x <GPU name>' (or CPU processes) of the live run."""
-    import torch
-
-    world = getattr(args, "world_size", 1)
-    if torch.cuda.is_available():
-        return f"{world} x {torch.cuda.get_device_name(0)}"
-    return f"{world} x CPU process" + ("es" if world > 1 else "")
-
-
 def state_facts(state: dict[str, Any]) -> dict[str, Any]:
     """The card's facts of a `TrainerState` (its `vars`, or a `trainer_state.json`): the steps, the wall time, the
     best step (`best_global_step`, else `best_model_checkpoint`'s) and the logs table, one row per logged step
@@ -112,10 +95,15 @@ def state_facts(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def card_facts(trainer) -> dict[str, Any]:
-    """The card's facts of a live run (see the module), as `save_card_facts` writes them."""
+    """The card's facts of a live run (see the module), as `save_card_facts` writes them; the hardware is
+    'N x <GPU name>' or 'N x CPU process(es)'."""
+    import torch
+
+    world = getattr(trainer.args, "world_size", 1)
     return {"training_args": as_record(trainer.args), "training_data": getattr(trainer, "training_data", None),
             **state_facts(vars(trainer.state)), "global_batch_size": getattr(trainer, "global_batch_size", None),
-            "hardware": describe_hardware(trainer.args)}
+            "hardware": f"{world} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else
+            f"{world} x CPU process" + ("es" if world > 1 else "")}
 
 
 def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
@@ -193,12 +181,9 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
 
 
 def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
-    """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`.
-
-    Accepts the `hf-mocose evaluate` format (`{"sts12": {"spearman": .., "pearson": .., "n": ..}, ..., "avg": ..}`,
-    transfer tasks holding `accuracy`), the same nested under "sts"/"transfer" or "results", and the trainer's
-    `eval_results.json` (`eval_stsb_spearman` -> STS-B dev).
-    """
+    """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`:
+    the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
+    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev)."""
     raw = source if isinstance(source, dict) else {}
     if source is not None and not isinstance(source, dict):
         path = Path(source)
