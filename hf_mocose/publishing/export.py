@@ -78,18 +78,15 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
         found = "a sentence-transformers folder" if (path / "modules.json").is_file() else (
             "no config.json" if not (path / "config.json").is_file() else "a config.json whose model_type is not 'mocose'"
         )
-        raise ValueError(
-            f"{str(path)!r} is not a MoCoSE checkpoint (found {found}). Export expects a folder written by "
-            "MoCoSEModel.save_pretrained / training (config.json with \"model_type\": \"mocose\", model.safetensors "
-            "and the tokenizer files), e.g. <output_dir>/final or <output_dir>/checkpoint-N."
-        )
+        raise ValueError(f"{str(path)!r} is not a MoCoSE checkpoint (found {found}). Export expects a folder written "
+                         "by MoCoSEModel.save_pretrained / training (config.json with \"model_type\": \"mocose\", "
+                         "model.safetensors and the tokenizer files), e.g. <output_dir>/final or "
+                         "<output_dir>/checkpoint-N.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as err:
-        raise ValueError(
-            f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to the "
-            "model (tokenizer.save_pretrained(checkpoint)); training does this for you."
-        ) from err
+        raise ValueError(f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to "
+                         "the model (tokenizer.save_pretrained(checkpoint)); training does this for you.") from err
     check_weights_complete(path, action="export")
     model = MoCoSEModel.from_pretrained(path).to("cpu").eval()
     return model, tokenizer
@@ -104,11 +101,8 @@ def _encoder_load_kwargs(encoder: nn.Module) -> dict:
         return {}
     if "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters:
         return {"add_pooling_layer": False}
-    logger.warning(
-        "%s has a pooler slot but no add_pooling_layer option: AutoModel will create a random pooler on "
-        "load. Nothing in the export uses it (embeddings come from last_hidden_state).",
-        type(encoder).__name__,
-    )
+    logger.warning("%s has a pooler slot but no add_pooling_layer option: AutoModel will create a random pooler on "
+                   "load. Nothing in the export uses it (embeddings come from last_hidden_state).", type(encoder).__name__)
     return {}
 
 
@@ -201,9 +195,8 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
         raise ValueError(f"Output folder {str(output_dir)!r} is inside the checkpoint {str(checkpoint)!r}: write the "
                          f"export beside it, e.g. {str(checkpoint.parent / 'sentence-transformers')!r}.")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise ValueError(
-            f"Output folder {str(output_dir)!r} exists and is not empty; pass --overwrite (overwrite=True) to replace it."
-        )
+        raise ValueError(f"Output folder {str(output_dir)!r} exists and is not empty; pass --overwrite (overwrite=True) "
+                         "to replace it.")
 
 
 def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,

@@ -4,15 +4,14 @@ Layout (so `SentenceTransformer(repo_id)` always works): the sentence-transforme
 the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")`), resumable checkpoints in
 `last-checkpoint/` or `checkpoint-N/` (`hub_strategy`), never at the root, where transformers would put them.
 
-Every push is ONE commit (`upload_folders`) built as `HfApi.upload_folder` builds its own: the folders' files with
-its filtering (`list_upload_files`), and deletions of the files it owns, matched by patterns as `upload_folder`
-matches its `delete_patterns`, that the new upload no longer has (an older `model.safetensors` beside a new sharded
-index would load instead of it): the export's root files and module folders, any top-level folder of the new
-export, the folders uploaded whole (`mocose/`, a checkpoint's); never `.gitattributes` nor a `README.md`
-(`stale_files`). `create_commit` is called rather than `upload_folder`, which with `hf_xet` splits large uploads
-into several commits and whose patterns cannot spare a README. The commit names the head its deletions were read
-from (`parent_commit`): a concurrent change makes it fail instead of deleting what it did not see. The token comes
-from huggingface_hub's usual sources (HF_TOKEN, `hf auth login`) unless passed; it is never printed or written.
+Every push is ONE commit (`upload_folders`) built as `HfApi.upload_folder` builds its own: the folders' files (its
+filtering, `list_upload_files`) and the deletion of the files the push owns, matched by patterns as its
+`delete_patterns` are, that the upload lacks (an older `model.safetensors` would load instead of a new sharded one):
+the export's files and module folders, the folders uploaded whole; never `.gitattributes` nor a README
+(`stale_files`). `create_commit` is called, not `upload_folder`: with `hf_xet` it splits large uploads into several
+commits, and its patterns cannot spare a README. The commit names the head its deletions were read from
+(`parent_commit`): a concurrent change makes it fail instead of deleting what it did not see. The token comes from
+huggingface_hub's usual sources (HF_TOKEN, `hf auth login`) unless passed; it is never printed or written.
 """
 
 from __future__ import annotations
@@ -60,10 +59,9 @@ def validate_repo_id(repo_id: str) -> str:
     except HFValidationError:
         valid = False
     if not valid:
-        raise ValueError(
-            f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a slash, and a "
-            "model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. 'alice/mocose-bert-base'."
-        )
+        raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a "
+                         "slash, and a model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. "
+                         "'alice/mocose-bert-base'.")
     return repo_id
 
 
@@ -192,8 +190,7 @@ def checkpoint_path_in_repo(hub_strategy: str, checkpoint_folder: str | os.PathL
             "every_save": MOCOSE_SUBFOLDER}.get(str(getattr(hub_strategy, "value", hub_strategy)))
 
 
-def _log_failed_push(future) -> None:
-    """A background checkpoint push that failed is reported when it fails, not lost with its `Future`."""
+def _log_failed_push(future) -> None:  # a failed background push is reported, not lost with its `Future`
     if future.exception() is not None:
         logger.error("A checkpoint push failed (training goes on): %s", future.exception())
 
@@ -331,18 +328,13 @@ class HubPublishingMixin:
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
         """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would: the MoCoSE model
-        (saved to `final_dir`, default `<output_dir>/final`) in `mocose/` and its export with the card (written to
-        `<output_dir>/sentence-transformers`) at the root, in ONE commit (`commit_message`). `token`, `revision` and
-        `private` default to `hub_token`, `hub_revision` and `hub_private_repo`; without `hub_model_id` the repo is
-        `<output_dir's name>` in the token's namespace, as with `Trainer`.
-
-        Keywords (anything else is a `TypeError` before anything is saved): `Trainer.create_model_card`'s
-        (`model_name`, `language`, `license`, `tags`, `finetuned_from`, `tasks`, `dataset_tags`, `dataset`,
-        `dataset_args`: `card_kwargs_from_trainer_keywords`), hf-mocose's `eval_results`, `corpus`, `datasets`,
-        `base_model`, `template`, `max_seq_length` (the export's inference length) and `final_dir`. Returns the
-        `CommitInfo` (with `blocking=False` its `Future`, whose `result()` raises the `HubPushError`) on the main
-        process, None on the others.
-        """
+        (saved to `final_dir`, default `<output_dir>/final`) in `mocose/`, its export with the card (written by
+        `export_sentence_transformers`) at the root, in ONE commit. `token`, `revision`, `private` default to
+        `hub_token`, `hub_revision`, `hub_private_repo`; without `hub_model_id` the repo is `<output_dir's name>` in
+        the token's namespace, as with `Trainer`. Keywords (anything else is a `TypeError` before anything is
+        saved): `Trainer.create_model_card`'s (`card_kwargs_from_trainer_keywords`), `PUSH_TO_HUB_KEYWORDS`' others.
+        Returns the `CommitInfo` (with `blocking=False` its `Future`, whose `result()` raises the `HubPushError`) on
+        the main process, None on the others."""
         from .model_card import card_kwargs_from_trainer_keywords
 
         unknown = sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS))
@@ -351,9 +343,8 @@ class HubPublishingMixin:
                             f"takes commit_message, blocking, token, revision, private, {', '.join(PUSH_TO_HUB_KEYWORDS)}.")
         final_dir = Path(kwargs.pop("final_dir", None) or Path(self.args.output_dir) / "final")
         card_kwargs = card_kwargs_from_trainer_keywords(**kwargs)  # conflicting names fail now, not after saving
-        repo_id = trainer_repo_id(self)
-        if repo_id and self.is_world_process_zero():
-            validate_repo_id(repo_id)
+        if trainer_repo_id(self) and self.is_world_process_zero():
+            validate_repo_id(trainer_repo_id(self))
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:  # as Trainer: push_to_hub=False during training, the repo is made now

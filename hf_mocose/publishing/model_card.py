@@ -1,16 +1,14 @@
-"""What a model card of an exported MoCoSE model says: the run's facts, collected while it trains, and the pieces the
-card is built from (sentence-transformers' card data, the evaluation results, citations, the template).
+"""What a model card says: the run's facts, collected while it trains, and the card's pieces (card data, results...).
 
 sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is written
-at export, maybe later, offline, from a checkpoint, when the trainer and its data are gone. So `MoCoSETrainer`
-describes its training set when it starts (`describe_training_data`) and, from the Trainer's own save hook (`_save`,
-as TRL's trainers write their cards when they save), writes the run's facts with every model and checkpoint it saves
-in one JSON file, `card_facts.json` (`save_card_facts`: the arguments the card shows, the training data, the logs
-table and best step, the steps, the wall time, the batch size, the hardware). Nothing is unpickled: the Trainer's
-`training_args.bin` would run code from the file. A checkpoint saved before `card_facts.json` existed is read from its
-`training_args.json`, `training_data.json` and `trainer_state.json` (`load_card_facts`). `export.render_model_card`
-renders the card from the facts (`training_details`), `MoCoSEModelCardData` (which adds the model-index in
-sentence-transformers' convention, `spearman_cosine` in [-1, 1]) and the template (`find_template`).
+at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer` describes its training
+set when it starts (`describe_training_data`) and, from the Trainer's own save hook (`_save`, as TRL's trainers write
+their cards when they save), writes the run's facts with every model and checkpoint it saves in one JSON file,
+`card_facts.json` (`save_card_facts`: arguments, training data, logs table and best step, steps, wall time, batch
+size, hardware). Nothing is unpickled: `training_args.bin` would run code from the file. A checkpoint saved before
+`card_facts.json` existed is read from its `training_args.json`, `training_data.json` and `trainer_state.json`
+(`load_card_facts`). `export.render_model_card` renders the card from the facts (`training_details`),
+`MoCoSEModelCardData` (plus the model-index, `spearman_cosine` in [-1, 1]) and the template (`find_template`).
 """
 
 from __future__ import annotations
@@ -131,11 +129,9 @@ def _find_in_run(checkpoint: Path, name: str) -> Path | None:
 
 
 def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
-    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint).
-
-    A checkpoint saved before that file: the same facts from `training_args.json`, `training_data.json` and
-    `trainer_state.json` (same search); `pickle_only` when `training_args.bin` is its only record (never read).
-    """
+    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint); for
+    one saved before that file, the same facts from `training_args.json`, `training_data.json` and
+    `trainer_state.json` (same search), and `pickle_only` when `training_args.bin` is its only record (never read)."""
     checkpoint = Path(checkpoint)
     saved = _read_json(_find_in_run(checkpoint, CARD_FACTS_JSON))
     if isinstance(saved, dict):
@@ -259,9 +255,8 @@ CITATIONS = {
 
 
 def mocose_eval_results(results: dict[str, Any]) -> list:
-    """`EvalResult`s of `read_eval_results`' dict in sentence-transformers' convention: STS as `spearman_cosine` /
-    `pearson_cosine` in [-1, 1], task "Semantic Similarity", as `EmbeddingSimilarityEvaluator` names them on every
-    sentence-transformers model; transfer tasks as `accuracy` in [0, 1]."""
+    """`EvalResult`s of `read_eval_results`' dict as `EmbeddingSimilarityEvaluator` names them on every sentence-
+    transformers model: `spearman_cosine` / `pearson_cosine` in [-1, 1] ("Semantic Similarity"); transfer `accuracy`."""
     from huggingface_hub import EvalResult
 
     sts = dict(task_type="semantic-similarity", task_name="Semantic Similarity")
