@@ -23,15 +23,30 @@ import shutil
 import uuid
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model
 from ..models.sequence_length import inference_max_seq_length
-from .model_card import (CITATIONS, STS_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, MoCoSEModelCardData,
-                         _read_json, as_list, find_template, load_card_facts, mocose_eval_results, read_eval_results,
-                         training_data_tables, training_details)
+from .model_card import (
+    CITATIONS,
+    STS_TASKS,
+    STSB_DEV,
+    TASK_NAMES,
+    TRAINING_LOSS,
+    TRANSFER_TASKS,
+    MoCoSEModelCardData,
+    _read_json,
+    as_list,
+    find_template,
+    load_card_facts,
+    mocose_eval_results,
+    read_eval_results,
+    training_data_tables,
+    training_details,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +68,9 @@ POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
 
 def is_mocose_checkpoint(path: str | os.PathLike) -> bool:
     """Whether `path` is a folder with a config.json whose model_type is "mocose"."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
     try:
-        return json.loads(config.read_text(encoding="utf-8")).get("model_type") == "mocose"
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type") == "mocose"
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):  # no file, not JSON, not an object
         return False
 
 

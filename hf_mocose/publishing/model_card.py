@@ -60,14 +60,10 @@ def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str,
         return None
     samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
         tokenizer.decode(ids, skip_special_tokens=True) for ids in rows["input_ids"][:SAMPLE_ROWS]]
-    return {
-        "sentences": size,
-        "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
-        "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
-                          "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
-        "samples": samples,
-        "samples_from_tokens": texts is None,
-    }
+    return {"sentences": size, "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
+            "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
+                              "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
+            "samples": samples, "samples_from_tokens": texts is None}
 
 
 def state_facts(state: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +154,7 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
 
         d_trace = max_traceable_distance(recorded["ema_decay_end"], config.get("queue_size", 512), batch)
     runtime = facts.get("train_runtime")
-    minutes, seconds = divmod(int(round(runtime or 0)), 60)
+    minutes, seconds = divmod(round(runtime or 0), 60)
     hours, minutes = divmod(minutes, 60)
     return {
         **state_facts({}), **facts, "method": method, "model_rows": model_rows(config),

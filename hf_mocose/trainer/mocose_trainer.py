@@ -41,8 +41,8 @@ from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import ema_decay_at
 from ..models.losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from ..models.modeling import MoCoSEModel, MoCoSEOutput
-from ..publishing.model_card import save_card_facts
 from ..publishing.hub import HubPublishingMixin
+from ..publishing.model_card import save_card_facts
 from ..training.callbacks import EMATargetCallback
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
