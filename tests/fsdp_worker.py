@@ -241,7 +241,7 @@ def main():
         trainer.args.hub_model_id = options["push_repo"]
         trainer.push_to_hub()
     else:
-        from hf_mocose.publishing.hub_publishing import publish_final_model
+        from hf_mocose.publishing.hub import publish_final_model
 
         final = os.path.join(out_dir, "final")
         trainer.save_model(final)

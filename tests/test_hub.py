@@ -111,20 +111,23 @@ def test_push_fails_instead_of_deleting_what_a_concurrent_commit_added(fake_hub,
 
 
 def test_push_scope_owns_export_files_and_its_folders_only():
-    from hf_mocose.publishing.hub_ownership import PushScope, stale_files
+    from hf_mocose.publishing.hub import stale_files
 
-    root = PushScope(export_root=True)
+    def owns(path, **scope):  # a file the push owns is deleted when its upload does not have it
+        return stale_files([path], [], **scope) == [path]
+
+    root = dict(export_root=True)
     owned = ["config.json", "model.safetensors", "model-00003-of-00010.safetensors", "pytorch_model-00001-of-00002.bin",
              "tokenizer.json", "spiece.model", "1_Pooling/config.json", "2_Dense/model.safetensors"]
     kept = [".gitattributes", "README.md", "2_Dense/README.md", "mocose/config.json", "onnx/model.onnx", "data.csv",
             "2024_runs/a.txt", "3_Normalize/x", "model.onnx", "sub/config.json"]
-    assert [p for p in owned + kept if root.owns(p)] == owned
-    final = PushScope(export_root=True, folders=("mocose",))
-    assert final.owns("mocose/model.safetensors") and not final.owns("mocose/README.md")
-    assert not final.owns("mocose-old/x") and not final.owns("last-checkpoint/x")
+    assert [p for p in owned + kept if owns(p, **root)] == owned
+    final = dict(export_root=True, folders=("mocose",))
+    assert owns("mocose/model.safetensors", **final) and not owns("mocose/README.md", **final)
+    assert not owns("mocose-old/x", **final) and not owns("last-checkpoint/x", **final)
     # A folder the new export has is the export's (a module folder of another pooling, say).
-    assert stale_files(["9_Extra/a", "9_Extra/b", "x/y"], ["9_Extra/a", "README.md"], root) == ["9_Extra/b"]
-    assert stale_files(["mocose/a", "mocose/b", "c"], ["mocose/a"], PushScope(folders=("mocose",))) == ["mocose/b"]
+    assert stale_files(["9_Extra/a", "9_Extra/b", "x/y"], ["9_Extra/a", "README.md"], **root) == ["9_Extra/b"]
+    assert stale_files(["mocose/a", "mocose/b", "c"], ["mocose/a"], folders=("mocose",)) == ["mocose/b"]
 
 
 def test_dry_run_sends_nothing(fake_hub, export_dir, capsys):
@@ -201,7 +204,7 @@ def fake_trainer(output_dir: Path, strategy: str = "end", **args):
 
 
 def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(fake_hub, export_dir):
-    from hf_mocose.publishing.hub_publishing import publish_final_model
+    from hf_mocose.publishing.hub import publish_final_model
 
     run_dir = export_dir.parent
     trainer = fake_trainer(run_dir, ema_decay_end=0.95, per_device_train_batch_size=8)
@@ -225,7 +228,7 @@ def test_publish_final_model_puts_export_at_root_and_mocose_model_in_subfolder(f
 @pytest.mark.parametrize("strategy, folder", [("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-10"),
                                               ("every_save", "mocose"), ("end", None)])
 def test_push_training_checkpoint_never_touches_the_root(fake_hub, tmp_path, strategy, folder):
-    from hf_mocose.publishing.hub_publishing import push_training_checkpoint
+    from hf_mocose.publishing.hub import push_training_checkpoint
 
     checkpoint = tmp_path / "checkpoint-10"
     checkpoint.mkdir()

@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli
-from hf_mocose.publishing.model_card import find_template, read_eval_results, render_model_card, write_model_card
+from hf_mocose.publishing.export import render_model_card, write_model_card
+from hf_mocose.publishing.model_card import find_template, read_eval_results
 
 # The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).
 EVAL = {
@@ -46,7 +47,7 @@ def run(tiny_encoder, tmp_path_factory):
         model.online_pooler.weight.add_(0.05)
     model.save_pretrained(out / "final")
     AutoTokenizer.from_pretrained(tiny_encoder).save_pretrained(out / "final")
-    # training_args.json as MoCoSETrainer writes it (save_card_training_args), without world_size: an older record.
+    # training_args.json as MoCoSETrainer wrote it before card_facts.json, without world_size: an older record.
     args = dict(ema_decay_start=0.75, ema_decay_end=0.95, fgsm_mode="previous", fgsm_epsilon=5e-9,
                 fgsm_views="both", per_device_train_batch_size=4, gradient_accumulation_steps=1,
                 learning_rate=3e-5, num_train_epochs=1.0, seed=42)
@@ -292,10 +293,14 @@ def test_card_never_unpickles_training_args_bin(run, tmp_path):
     assert "| FGSM mode |" not in text and "| queue size K | 8 |" in text  # model rows still come from config.json
 
 
-def test_training_args_json_is_what_the_card_reads(run, tmp_path):
-    """`save_card_training_args` (called by MoCoSETrainer._save) records the card's fields, no secrets, and the
+def test_card_facts_json_is_what_the_card_reads(run, tmp_path):
+    """`save_card_facts` (called by MoCoSETrainer._save) records the card's fields, no secrets, and the
     process count, so the global batch size on the card is exact."""
-    from hf_mocose.publishing.model_card_facts import TRAINING_ARGS_JSON, save_card_training_args
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from hf_mocose.publishing.model_card import CARD_FACTS_JSON, save_card_facts
     from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     out, export, _ = run
@@ -304,10 +309,10 @@ def test_training_args_json_is_what_the_card_reads(run, tmp_path):
     (checkpoint / "config.json").write_text((out / "final" / "config.json").read_text())
     args = MoCoSETrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, ema_decay_end=0.9,
                                    hub_token="hf_secret", report_to="none", use_cpu=True)
-    save_card_training_args(args, checkpoint)
-    record = json.loads((checkpoint / TRAINING_ARGS_JSON).read_text())
+    save_card_facts(checkpoint, SimpleNamespace(args=args, state=TrainerState()))  # what the trainer's _save passes
+    record = json.loads((checkpoint / CARD_FACTS_JSON).read_text())["training_args"]
     assert record["ema_decay_end"] == 0.9 and record["world_size"] == 1 and record["lr_scheduler_type"] == "linear"
-    assert "hf_secret" not in (checkpoint / TRAINING_ARGS_JSON).read_text()
+    assert "hf_secret" not in (checkpoint / CARD_FACTS_JSON).read_text()
     text = render_model_card(export, checkpoint).text
     assert "| EMA decay η at the end of the cosine ramp | 0.9 |" in text
     assert "(B = 4 sentences per optimizer step)" in text  # recorded world_size: nothing assumed

@@ -34,7 +34,7 @@ def tiny_run(tiny_encoder, tmp_path_factory):
 
     from hf_mocose import MoCoSETrainer
     from hf_mocose.data.corpus import python_docs_sentences
-    from hf_mocose.publishing.hub_publishing import publish_final_model
+    from hf_mocose.publishing.hub import publish_final_model
 
     out = tmp_path_factory.mktemp("card-run")
     args = tiny_training_args(out, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
@@ -166,12 +166,12 @@ def test_model_index_uses_sentence_transformers_metric_names(tiny_run):
 
 
 def test_a_later_offline_export_of_a_checkpoint_writes_the_same_sections(tiny_run, tmp_path):
-    """`hf-mocose export checkpoint-N` reads training_data.json and trainer_state.json from the checkpoint."""
+    """`hf-mocose export checkpoint-N` reads the run's facts from the checkpoint (card_facts.json)."""
     from hf_mocose.publishing.export import export_to_sentence_transformers
 
     trainer, _, _, _ = tiny_run
     checkpoint = Path(trainer.args.output_dir) / "checkpoint-2"
-    assert (checkpoint / "training_data.json").is_file() and (checkpoint / "training_args.json").is_file()
+    assert (checkpoint / "card_facts.json").is_file()
     text = card_of(export_to_sentence_transformers(checkpoint, tmp_path / "later", verify=False)).text
     assert "### Training Logs" in text and f"* Size: {N_SENTENCES} training sentences" in text
     assert "### Framework Versions" in text and "### Full Model Architecture" in text
@@ -183,7 +183,7 @@ def test_training_data_description_of_a_tokenised_set_and_a_stream(tiny_encoder)
     from transformers import AutoTokenizer
 
     from hf_mocose.data.corpus import tokenize_sentences
-    from hf_mocose.publishing.training_data_facts import describe_training_data
+    from hf_mocose.publishing.model_card import describe_training_data
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
     raw = Dataset.from_dict({"text": ["Short one.", "A somewhat longer sentence, with more words in it."]})

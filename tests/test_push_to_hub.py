@@ -76,7 +76,7 @@ def test_trainer_push_to_hub_publishes_what_hf_mocose_push_publishes(fake_hub, t
     assert json.loads(repo["mocose/config.json"])["model_type"] == "mocose"
     assert "mocose/optimizer.pt" not in repo and not any(k.startswith("checkpoint-") for k in repo)
     assert snapshot(tmp_path / "run" / "final")["config.json"] == repo["mocose/config.json"]
-    assert "mocose/training_args.json" in repo  # what the card reads, never the pickle
+    assert "mocose/card_facts.json" in repo  # what the card reads, never the pickle
     assert fake_hub.commits == [("alice/run", "v1", "First model")]  # export and MoCoSE model: one commit
     assert 'SentenceTransformer("alice/run")' in repo["README.md"].decode() and TOKEN not in repo["README.md"].decode()
     # blocking=False: the upload runs in the background and push_to_hub returns its Future
@@ -173,6 +173,6 @@ def test_checkpoint_pushes_fire_on_push_begin_and_land_before_the_final_push(fak
     assert [message for _, _, message in fake_hub.commits] == [
         "Training in progress, step 2", "Training in progress, step 4", "End of training"]
     repo = fake_hub.files[("alice/run", "main")]
-    assert {"last-checkpoint/training_args.json", "last-checkpoint/optimizer.pt", "mocose/config.json",
+    assert {"last-checkpoint/card_facts.json", "last-checkpoint/optimizer.pt", "mocose/config.json",
             "modules.json"} <= set(repo)
     assert json.loads(repo["config.json"])["model_type"] == "bert"  # checkpoint pushes never wrote the root

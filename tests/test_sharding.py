@@ -284,7 +284,7 @@ def test_sharded_state_dict_saves_split_checkpoints_from_final_models(tiny_model
     )
     complete_sharded_save(trainer, str(tmp_path / "checkpoint-2"))
     written = {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
-    assert {"config.json", "tokenizer.json", "training_args.bin", "training_args.json"} <= written
+    assert {"config.json", "tokenizer.json", "training_args.bin", "card_facts.json"} <= written
     assert saved == []
     complete_sharded_save(trainer, str(tmp_path / "final"))
     assert [d for d, _ in saved] == [str(tmp_path / "final")] and "gathered" in saved[0][1]

@@ -1,20 +1,17 @@
-"""Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only).
+"""Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only), with its model card.
 
     hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
 
-The exported folder is built from sentence-transformers' own modules and written by its own
-`save`, so it is exactly what `SentenceTransformer(OUTPUT_DIR)` expects:
+The folder is built from sentence-transformers' own modules and written by its own `save`, so it is exactly what
+`SentenceTransformer(OUTPUT_DIR)` expects: Transformer (online encoder + tokenizer) -> Pooling ("cls" for
+sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity activation; only
+for cls_dense). The target branch, queue, projection and predictor heads (training machinery) are left out.
+`max_seq_length` is what the encoder supports at inference, not the (short) training length: the base model's
+sentence-transformers setting, else the encoder's position limit, or the value given (`models.sequence_length`).
 
-    Transformer (online encoder + tokenizer, max_seq_length: the inference length, see below)
-      -> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean)
-      -> Dense (the online pooler Linear, identity activation)   only for cls_dense
-
-The target branch, key queue, projection and predictor heads are training machinery and are
-left out, as is any optimizer state.
-
-`max_seq_length` is what the encoder supports at inference, not the (short) training length:
-the base model's own sentence-transformers setting, else the encoder's position limit, or the
-value given (`hf_mocose.models.sequence_length.inference_max_seq_length`).
+The card (`render_model_card`, README.md) is rendered at export from the run's facts (`model_card`), with the export
+loaded as a `SentenceTransformer` and registered with sentence-transformers' card data; it is parsed back by
+`huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub.
 """
 
 from __future__ import annotations
@@ -24,47 +21,63 @@ import logging
 import os
 import shutil
 import uuid
+from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model
 from ..models.sequence_length import inference_max_seq_length
+from .model_card import (
+    CITATIONS,
+    STS_TASKS,
+    STSB_DEV,
+    TASK_NAMES,
+    TRAINING_LOSS,
+    TRANSFER_TASKS,
+    MoCoSEModelCardData,
+    _read_json,
+    as_list,
+    find_template,
+    load_card_facts,
+    mocose_eval_results,
+    read_eval_results,
+    training_data_tables,
+    training_details,
+)
 
 logger = logging.getLogger(__name__)
 
 # Short sentences used to check an export against the checkpoint it came from; `probe_sentences`
 # adds long ones built for the lengths at hand.
-PROBE_SENTENCES = (
-    "A man is playing a guitar.",
-    "Momentum contrast keeps a queue of negative keys.",
-    "hi",
-)
+PROBE_SENTENCES = ("A man is playing a guitar.", "Momentum contrast keeps a queue of negative keys.", "hi")
 _PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
+# Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
+USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrument.", "A woman is slicing an onion.",
+                   "The weather is lovely today.")
+# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
+PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
+                 "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
+CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
 # sentence_pooling -> sentence-transformers Pooling mode (cls_dense is CLS followed by a Dense).
 POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
 
 
 def is_mocose_checkpoint(path: str | os.PathLike) -> bool:
     """Whether `path` is a folder with a config.json whose model_type is "mocose"."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
     try:
-        return json.loads(config.read_text(encoding="utf-8")).get("model_type") == "mocose"
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type") == "mocose"
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):  # no file, not JSON, not an object
         return False
 
 
 def load_mocose_checkpoint(checkpoint: str | os.PathLike):
-    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU.
-
-    Raises `FileNotFoundError` / `ValueError` naming the path when it is not a MoCoSE checkpoint
-    (a plain encoder, a sentence-transformers folder, a missing folder) or has no tokenizer, and
-    `IncompleteCheckpointError` naming a weights file that was cut short.
-    """
+    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU. A `FileNotFoundError` /
+    `ValueError` names the path when it is no MoCoSE checkpoint or has no tokenizer, `IncompleteCheckpointError` a
+    weights file cut short."""
     from transformers import AutoTokenizer
 
     from ..models.modeling import MoCoSEModel
@@ -77,50 +90,37 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
         found = "a sentence-transformers folder" if (path / "modules.json").is_file() else (
             "no config.json" if not (path / "config.json").is_file() else "a config.json whose model_type is not 'mocose'"
         )
-        raise ValueError(
-            f"{str(path)!r} is not a MoCoSE checkpoint (found {found}). Export expects a folder written by "
-            "MoCoSEModel.save_pretrained / training (config.json with \"model_type\": \"mocose\", model.safetensors "
-            "and the tokenizer files), e.g. <output_dir>/final or <output_dir>/checkpoint-N."
-        )
+        raise ValueError(f"{str(path)!r} is not a MoCoSE checkpoint (found {found}). Export expects a folder written "
+                         "by MoCoSEModel.save_pretrained / training (config.json with \"model_type\": \"mocose\", "
+                         "model.safetensors and the tokenizer files), e.g. <output_dir>/final or "
+                         "<output_dir>/checkpoint-N.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as err:
-        raise ValueError(
-            f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to the "
-            "model (tokenizer.save_pretrained(checkpoint)); training does this for you."
-        ) from err
+        raise ValueError(f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to "
+                         "the model (tokenizer.save_pretrained(checkpoint)); training does this for you.") from err
     check_weights_complete(path, action="export")
     model = MoCoSEModel.from_pretrained(path).to("cpu").eval()
     return model, tokenizer
 
 
 def _encoder_load_kwargs(encoder: nn.Module) -> dict:
-    """Keyword arguments AutoModel needs to rebuild `encoder` without a randomly initialised part.
-
-    MoCoSE drops the encoder's own pooler (it has its own Linear), so the saved weights have
-    none. BERT-like classes would rebuild it with random weights (and warn); they accept
-    `add_pooling_layer=False`, which makes the reloaded model exactly the exported one.
-    """
+    """Keyword arguments AutoModel needs to rebuild `encoder` without a randomly initialised part: MoCoSE drops the
+    encoder's own pooler, which BERT-like classes would rebuild with random weights unless `add_pooling_layer=False`."""
     import inspect
 
     if getattr(encoder, "pooler", "absent") is not None:  # no pooler attribute, or one that is kept
         return {}
     if "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters:
         return {"add_pooling_layer": False}
-    logger.warning(
-        "%s has a pooler slot but no add_pooling_layer option: AutoModel will create a random pooler on "
-        "load. Nothing in the export uses it (embeddings come from last_hidden_state).",
-        type(encoder).__name__,
-    )
+    logger.warning("%s has a pooler slot but no add_pooling_layer option: AutoModel will create a random pooler on "
+                   "load. Nothing in the export uses it (embeddings come from last_hidden_state).", type(encoder).__name__)
     return {}
 
 
 def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike, max_seq_length: int):
-    """Builds the `SentenceTransformer` equivalent of `model.embed` from sentence-transformers modules.
-
-    `staging_dir` receives the encoder and tokenizer, which the `Transformer` module loads from;
-    the model truncates its inputs at `max_seq_length` tokens.
-    """
+    """Builds the `SentenceTransformer` equivalent of `model.embed`, truncating at `max_seq_length` tokens, from
+    sentence-transformers modules; `staging_dir` receives the encoder and tokenizer the `Transformer` loads."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
@@ -129,11 +129,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
     model_kwargs = _encoder_load_kwargs(encoder)
     encoder.save_pretrained(staging_dir)
     tokenizer.save_pretrained(staging_dir)
-    transformer = Transformer(
-        str(staging_dir),
-        max_seq_length=max_seq_length,
-        model_kwargs=model_kwargs or None,
-    )
+    transformer = Transformer(str(staging_dir), max_seq_length=max_seq_length, model_kwargs=model_kwargs or None)
     hidden = config.hidden_size
     modules = [transformer, Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
     if config.sentence_pooling == "cls_dense":
@@ -173,14 +169,12 @@ def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> lis
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
-    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`.
+    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`, on
+    probes longer than the training length and than `max_seq_length` (an export truncating elsewhere fails).
 
-    The probes include sentences longer than the training length and than `max_seq_length`, so an
-    export that truncates anywhere else fails. Returns the max abs difference; raises `RuntimeError`
-    above `atol`, or when the reloaded model's `max_seq_length` is not `max_seq_length` (a broken
-    export must not be published). A bf16/fp16 model (e.g. saved by DeepSpeed with bf16) computes in that
-    precision on both sides, along different paths: two of its rounding steps at the embeddings' largest
-    magnitude are allowed then.
+    Returns the max abs difference; a `RuntimeError` above `atol` or when the reloaded `max_seq_length` differs
+    (a broken export must not be published). A bf16/fp16 model computes in that precision on both sides, along
+    different paths: two of its rounding steps at the embeddings' largest magnitude are allowed then.
     """
     from sentence_transformers import SentenceTransformer
 
@@ -193,14 +187,11 @@ def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_lengt
     if dtype in (torch.bfloat16, torch.float16):
         atol = max(atol, 2 * torch.finfo(dtype).eps * reference.abs().max().item())
     if diff > atol:
-        raise RuntimeError(
-            f"Export {str(export_dir)!r} differs from the checkpoint's embed() at max_seq_length {max_seq_length} "
-            f"by {diff:.3g} (> {atol})."
-        )
+        raise RuntimeError(f"Export {str(export_dir)!r} differs from the checkpoint's embed() at max_seq_length "
+                           f"{max_seq_length} by {diff:.3g} (> {atol}).")
     if reloaded.max_seq_length != max_seq_length:
-        raise RuntimeError(
-            f"Export {str(export_dir)!r} truncates at {reloaded.max_seq_length} tokens, expected {max_seq_length}."
-        )
+        raise RuntimeError(f"Export {str(export_dir)!r} truncates at {reloaded.max_seq_length} tokens, expected "
+                           f"{max_seq_length}.")
     return diff
 
 
@@ -216,39 +207,27 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
         raise ValueError(f"Output folder {str(output_dir)!r} is inside the checkpoint {str(checkpoint)!r}: write the "
                          f"export beside it, e.g. {str(checkpoint.parent / 'sentence-transformers')!r}.")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise ValueError(
-            f"Output folder {str(output_dir)!r} exists and is not empty; pass --overwrite (overwrite=True) to replace it."
-        )
+        raise ValueError(f"Output folder {str(output_dir)!r} exists and is not empty; pass --overwrite (overwrite=True) "
+                         "to replace it.")
 
 
-def export_to_sentence_transformers(
-    checkpoint: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    overwrite: bool = False,
-    *,
-    max_seq_length: int | None = None,
-    eval_results: str | os.PathLike | dict | None = None,
-    write_card: bool = True,
-    verify: bool = True,
-    **card_kwargs,
-) -> Path:
-    """Writes a sentence-transformers model folder of the checkpoint's online branch.
+def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
+                                    overwrite: bool = False, *, max_seq_length: int | None = None,
+                                    eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
+                                    verify: bool = True, **card_kwargs) -> Path:
+    """Writes a sentence-transformers model folder of the checkpoint's online branch; returns the folder.
 
     Args:
         checkpoint: a MoCoSE checkpoint folder (config.json + model.safetensors + tokenizer).
-        output_dir: the folder to write; must be absent or empty unless `overwrite`.
-        overwrite: replace a non-empty `output_dir` (its old contents are removed, so no stale
-            module folder survives).
-        max_seq_length: tokens the exported model truncates its inputs at. Default: the base
-            model's sentence-transformers `max_seq_length`, else the encoder's position limit (see
-            `hf_mocose.models.sequence_length`); not the training length.
-        eval_results: evaluation JSON (path or dict) whose STS results go into the model card.
-        write_card: write README.md from the `model_cards/` template (see `write_model_card`).
+        output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole, so no
+            stale module folder survives).
+        max_seq_length: tokens the export truncates its inputs at. Default: the base model's sentence-transformers
+            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.sequence_length`), not the
+            training length.
+        eval_results: evaluation JSON (path or dict) whose results go into the model card.
+        write_card: write README.md from the `model_cards/` template (`write_model_card`).
         verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
-        **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template...).
-
-    Returns:
-        The export folder.
+        **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template, facts...).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
@@ -274,8 +253,6 @@ def export_to_sentence_transformers(
             diff = verify_export(staging, model, tokenizer, max_seq_length)
             logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
         if write_card:
-            from .model_card import write_model_card
-
             card_kwargs.setdefault("export_name", output_dir.name)
             write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)
         if output_dir.exists():
@@ -285,3 +262,96 @@ def export_to_sentence_transformers(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return output_dir
+
+
+# ----------------------------------------------------------------------------- the model card
+def _version(package: str) -> str | None:
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def _is_hub_id(value: str | None) -> bool:
+    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
+    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
+
+
+def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
+                      repo_id: str | None = None, export_name: str | None = None, base_model: str | None = None,
+                      datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
+                      language: str | list[str] | None = "en", license: str | None = "apache-2.0",
+                      tags: str | list[str] | None = None, model_name: str | None = None,
+                      tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
+                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
+    """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
+
+    `model_name` is the card's title and model-index name (default: the repo's or folder's name); `tags` and
+    `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the corpus. `facts` are the
+    live run's (`card_facts`), else the checkpoint's (`load_card_facts`); `training_args` (an arguments object,
+    or a dict as recorded) replaces their training arguments.
+    """
+    from huggingface_hub import ModelCard
+    from sentence_transformers import SentenceTransformer
+
+    export_dir = Path(export_dir)
+    config = (_read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
+    facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}
+    details = training_details(config, facts, training_args)
+    results = read_eval_results(eval_results)
+    base_model = base_model or details["base_model"]
+    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
+    model_id = repo_id or f"path/to/{export_name or export_dir.name}"
+    method, una = details["method"], ["una"] if details["una_used"] else []
+    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []), *una]
+    title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
+    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
+    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
+    card_data = MoCoSEModelCardData(language=language, license=license, model_name=title, local_files_only=True,
+                                    generate_widget_examples=True, eval_results=mocose_eval_results(results),
+                                    local_path_snippet=not repo_id)
+    card_data.model_id = model_id  # set after init: a local `path/to/name` is not a Hub id, and is still the path
+    card_data.register_model(st_model)
+    card_data.add_tags(list(dict.fromkeys(["mocose", method, *una, *as_list(tags), *as_list(tasks)])))
+    card_data.base_model = base_for_card  # sentence-transformers would confirm it on the Hub first (docs/design.md)
+    card_data.datasets = list(datasets)
+    card_data.set_losses([])  # no loss object to cite (the method is cited below): Sentence-BERT's own citation
+    card_data.citations = {**card_data.citations, **{CITATION_NAMES[name]: CITATIONS[name] for name in cited}}
+    card_data.usage_examples = list(USAGE_SENTENCES[:3])
+    card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
+    logged = details["log_rows"]
+    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
+    card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
+    if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
+        card_data.set_best_model_step(details["best_step"])
+    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
+    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
+    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
+    versions = {name: _version(name) for name in ("hf-mocose", "huggingface_hub")}  # (its card data has the rest)
+    template_path = find_template(template)
+    card = ModelCard.from_template(
+        card_data, template_path=str(template_path), title=title, model_id=model_id, is_repo=bool(repo_id),
+        method_name=CITATION_NAMES.get(method, method), sentence_pooling=details["sentence_pooling"],
+        max_seq_length=st_model.max_seq_length,  # what the export truncates at
+        training_max_seq_length=details["training_max_seq_length"],
+        has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
+        modules=[type(module).__name__ for module in st_model], details=details, results=results,
+        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
+        paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
+        dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
+        training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
+    )
+    # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
+    parsed = ModelCard(str(card))
+    if parsed.data.library_name != "sentence-transformers":
+        raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
+    return parsed
+
+
+def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
+    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
+    path = Path(export_dir) / "README.md"
+    path.write_text(str(render_model_card(export_dir, checkpoint, eval_results, **kwargs)), encoding="utf-8")
+    return path

@@ -1,24 +1,17 @@
-"""Upload exports (and training checkpoints) to the Hugging Face Hub through `huggingface_hub`.
+"""Uploads to the Hugging Face Hub, and what a training run publishes there (`HubPublishingMixin`).
 
-    hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--dry_run]
+Layout (so `SentenceTransformer(repo_id)` always works): the sentence-transformers export with its card at the root,
+the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")`), resumable checkpoints in
+`last-checkpoint/` or `checkpoint-N/` (`hub_strategy`), never at the root, where transformers would put them.
 
-Repository layout this package writes (so `SentenceTransformer(repo_id)` always works):
-
-    /                      the sentence-transformers export + README.md card   (hub_publishing, push)
-    mocose/                the full MoCoSE model (config.json with model_type "mocose", weights, tokenizer),
-                           for continued training: MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")
-    last-checkpoint/       the latest resumable training checkpoint   (hub_strategy="checkpoint")
-    checkpoint-N/          every resumable training checkpoint        (hub_strategy="all_checkpoints")
-
-Every upload is ONE `HfApi.create_commit` (`commit_to_hub`): `CommitOperationAdd`s for the new files and,
-for a push that owns paths (`hub_ownership.PushScope`: the root export, `mocose/`, a checkpoint folder),
-`CommitOperationDelete`s for the files there that the new upload no longer contains, so no stale file
-survives a push and nothing outside those paths is touched. The commit names the head it was built on
-(`parent_commit`), so a concurrent change makes it fail instead of deleting what it did not see. A push
-that puts the export at the root and the MoCoSE model in `mocose/` lands as one commit, and its errors
-surface from that one call (or its one `Future`). What a training run publishes, and when, is
-`hub_publishing.py`. The token comes from huggingface_hub's usual sources (HF_TOKEN, `hf auth login`
-cache) unless passed explicitly; it is never printed, logged or written anywhere.
+Every push is ONE commit (`upload_folders`) built as `HfApi.upload_folder` builds its own: the folders' files (its
+filtering, `list_upload_files`) and the deletion of the files the push owns, matched by patterns as its
+`delete_patterns` are, that the upload lacks (an older `model.safetensors` would load instead of a new sharded one):
+the export's files and module folders, the folders uploaded whole; never `.gitattributes` nor a README
+(`stale_files`). `create_commit` is called, not `upload_folder`: with `hf_xet` it splits large uploads into several
+commits, and its patterns cannot spare a README. The commit names the head its deletions were read from
+(`parent_commit`): a concurrent change makes it fail instead of deleting what it did not see. The token comes from
+huggingface_hub's usual sources (HF_TOKEN, `hf auth login`) unless passed; it is never printed or written.
 """
 
 from __future__ import annotations
@@ -28,13 +21,25 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from .hub_ownership import PushScope, stale_files
-
 logger = logging.getLogger(__name__)
 
 MOCOSE_SUBFOLDER = "mocose"
-# Training-loop internals that are never uploaded with a checkpoint's model files.
-CHECKPOINT_IGNORE = ["_*", ".*"]
+CHECKPOINT_IGNORE = ["_*", ".*"]  # training-loop internals, never uploaded with a checkpoint's model files
+# What `SentenceTransformer.save` of an hf-mocose export writes or has written at the root (every tokenizer family,
+# both weight formats, sharded too) and its module folders (Transformer at the root -> Pooling -> Dense).
+EXPORT_PATTERNS = (
+    "config.json", "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+    "model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+    "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja", "1_Pooling/*", "2_Dense/*",
+)
+NEVER_DELETED = [".gitattributes", "README.md", "*/README.md"]
+# Keywords of `Trainer.push_to_hub(**kwargs)` -> `Trainer.create_model_card` (transformers 5.x), and hf-mocose's own.
+TRAINER_CARD_KEYWORDS = ("model_name", "language", "license", "tags", "finetuned_from", "tasks", "dataset_tags",
+                         "dataset", "dataset_args")
+PUSH_TO_HUB_KEYWORDS = (*TRAINER_CARD_KEYWORDS, "final_dir", "eval_results", "corpus", "datasets", "base_model",
+                        "max_seq_length", "template")
 
 
 class HubPushError(RuntimeError):
@@ -42,25 +47,21 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is `namespace/name`; raises a `ValueError` naming it otherwise.
-
-    huggingface_hub's `validate_repo_id` checks the characters; the namespace is required here because
-    a bare name would land in whatever account the token belongs to.
-    """
+    """Returns `repo_id` if it is `namespace/name` (huggingface_hub checks the characters; a bare name would land
+    in the token's account); raises a `ValueError` naming it otherwise."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
 
+    valid = isinstance(repo_id, str) and repo_id.count("/") == 1
     try:
-        valid = isinstance(repo_id, str) and repo_id.count("/") == 1
         if valid:
             check_characters(repo_id)
     except HFValidationError:
         valid = False
     if not valid:
-        raise ValueError(
-            f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a slash, and a "
-            "model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. 'alice/mocose-bert-base'."
-        )
+        raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a "
+                         "slash, and a model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. "
+                         "'alice/mocose-bert-base'.")
     return repo_id
 
 
@@ -69,25 +70,24 @@ def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | No
     from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
     root = Path(folder).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Folder to upload {str(folder)!r} does not exist.")
     files = {p.relative_to(root).as_posix(): p for p in sorted(root.glob("**/*")) if p.is_file()}
     kept = filter_repo_objects(files, ignore_patterns=[*(ignore_patterns or []), *DEFAULT_IGNORE_PATTERNS])
     return [(path, files[path].stat().st_size) for path in kept]
 
 
-def _resolve_token(token: str | None) -> str:
-    from huggingface_hub import get_token
+def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple[str, ...] = ()) -> list[str]:
+    """The files of `existing` (in the repo now) that a push owns and its upload (`uploaded`) lacks, sorted: in
+    `folders`, and with `export_root` the export's (`EXPORT_PATTERNS`, any top-level folder of `uploaded`)."""
+    from huggingface_hub.utils import filter_repo_objects
 
-    token = token or get_token()
-    if not token:
-        raise HubPushError(
-            "No Hugging Face token found. Set the HF_TOKEN environment variable or run `hf auth login` "
-            "(a token with write access to the target namespace)."
-        )
-    return token
-
-
-def _scrub(message: str, token: str | None) -> str:
-    return message.replace(token, "***") if token else message
+    uploaded = set(uploaded)
+    patterns = [f"{folder.strip('/')}/*" for folder in folders if folder.strip("/")]
+    if export_root:
+        patterns += [*EXPORT_PATTERNS, *{f"{path.split('/')[0]}/*" for path in uploaded if "/" in path}]
+    owned = filter_repo_objects(existing, allow_patterns=patterns, ignore_patterns=NEVER_DELETED) if patterns else []
+    return sorted(set(owned) - uploaded)
 
 
 @contextmanager
@@ -97,196 +97,264 @@ def hub_errors(what: str, repo_id: str, token: str | None):
 
     try:
         yield
-    except HfHubHTTPError as err:
-        status = getattr(err.response, "status_code", None)
-        hint = {401: " (token rejected)", 403: " (no write access to this namespace)"}.get(status, "")
-        raise HubPushError(
-            _scrub(f"{what} to {repo_id!r} failed{hint}: {err}. The local folder was not changed.", token)
-        ) from None
-    except Exception as err:  # connection refused, timeouts, malformed server answers (httpx errors are no OSError)
-        raise HubPushError(
-            _scrub(f"{what} to {repo_id!r} failed: {type(err).__name__}: {err}. The local folder was not changed.",
-                   token)
-        ) from None
+    except Exception as err:  # HTTP errors, connection refused, timeouts (httpx errors are no OSError)
+        http = isinstance(err, HfHubHTTPError)
+        hint = {401: " (token rejected)", 403: " (no write access to this namespace)"}.get(
+            getattr(err.response, "status_code", None), "") if http else ""
+        error = str(err) if http else f"{type(err).__name__}: {err}"
+        message = f"{what} to {repo_id!r} failed{hint}: {error}. The local folder was not changed."
+        raise HubPushError(message.replace(token, "***") if token else message) from None
 
 
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
-    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused.
-
-    With `owner` (a trainer), the same `HfApi` is reused for the same endpoint and token, so the
-    uploads it runs as futures go through its one worker thread in the order they were asked for.
-    """
-    from huggingface_hub import HfApi, constants
+    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused. With `owner`
+    (a trainer), one `HfApi` per endpoint and token, so its futures run in its one worker thread, in order."""
+    from huggingface_hub import HfApi, constants, get_token
 
     if constants.is_offline_mode():
         raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
-    token = _resolve_token(token)
-    # HF_ENDPOINT is read at call time (huggingface_hub reads it once at import).
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
-    if owner is None:
-        return HfApi(endpoint=endpoint, token=token)
-    apis = owner.__dict__.setdefault("_hub_apis", {})
-    if (endpoint, token) not in apis:
-        apis[(endpoint, token)] = HfApi(endpoint=endpoint, token=token)
-    return apis[(endpoint, token)]
+    token = token or get_token()
+    if not token:
+        raise HubPushError("No Hugging Face token found. Set the HF_TOKEN environment variable or run `hf auth login` "
+                           "(a token with write access to the target namespace).")
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # read now: huggingface_hub reads it once at import
+    apis = owner.__dict__.setdefault("_hub_apis", {}) if owner is not None else {}
+    return apis.setdefault((endpoint, token), HfApi(endpoint=endpoint, token=token))
 
 
-def folder_operations(folder: str | os.PathLike, path_in_repo: str | None = None,
-                      ignore_patterns: list[str] | None = None) -> list:
-    """A `CommitOperationAdd` for every file `upload_folder` would send from `folder` (same filtering)."""
-    from huggingface_hub import CommitOperationAdd
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"Folder to upload {str(folder)!r} does not exist.")
-    prefix = f"{path_in_repo.strip('/')}/" if path_in_repo else ""
-    root = folder.expanduser().resolve()
-    return [CommitOperationAdd(path_in_repo=prefix + path, path_or_fileobj=str(root / path))
-            for path, _ in list_upload_files(root, ignore_patterns)]
-
-
-def create_hub_repo(name: str, *, token: str | None = None, private: bool | None = None,
-                    endpoint: str | None = None, owner=None) -> str:
-    """Creates the model repo `name` if needed and returns its `namespace/name` id.
-
-    A bare `name` goes to the token's own namespace, as `Trainer.init_hf_repo` does with the
-    `output_dir`'s name when no `hub_model_id` is set. An invalid name is a `ValueError` naming it.
-    """
-    if "/" in name:
-        validate_repo_id(name)
-    else:
-        try:
-            validate_repo_id(f"namespace/{name}")  # the characters of a model name
-        except ValueError:
-            raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
-                             "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
-    api = hub_api(token, endpoint, owner)
-    with hub_errors("Creating the repo", name, api.token):
-        return api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
-
-
-def stale_file_deletions(api, repo_id: str, operations: list, scope: PushScope, revision: str | None):
-    """`(head commit, CommitOperationDelete list)`: the files under `scope` at `revision`'s head that
-    `operations` do not add. A revision with no commit yet has nothing to delete (head None)."""
+def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, what: str = "Upload",
+                   export_root: bool = False, private: bool | None = None, revision: str | None = None,
+                   token: str | None = None, endpoint: str | None = None, run_as_future: bool = False, owner=None):
+    """Creates `repo_id` (and the branch `revision`) if needed and uploads `folders`, `(folder, path_in_repo or
+    None, ignore_patterns or None)`, in ONE commit that deletes the stale files it owns (a folder with a
+    `path_in_repo`; with `export_root` the root export) read at the branch head, its parent. Returns the
+    `CommitInfo`, or with `run_as_future` its `Future`; errors are `HubPushError`s naming `what` and the repo."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
     from huggingface_hub.errors import RevisionNotFoundError
 
-    try:
-        head = api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION).sha
-        existing = api.list_repo_files(repo_id, revision=head, repo_type="model")
-    except RevisionNotFoundError:
-        return None, []
-    added = [op.path_in_repo for op in operations if isinstance(op, CommitOperationAdd)]
-    return head, [CommitOperationDelete(path_in_repo=path) for path in stale_files(existing, added, scope)]
-
-
-def commit_to_hub(
-    operations: list,
-    repo_id: str,
-    *,
-    commit_message: str,
-    what: str = "Upload",
-    private: bool | None = None,
-    revision: str | None = None,
-    token: str | None = None,
-    endpoint: str | None = None,
-    run_as_future: bool = False,
-    owner=None,
-    scope: PushScope | None = None,
-):
-    """Creates `repo_id` if needed (and the branch `revision`) and commits `operations` in ONE `create_commit`.
-
-    With `scope`, the same commit deletes every file the push owns (`hub_ownership`) that `operations` do not
-    add, read from the branch's head, which the commit names as its parent. Returns the `CommitInfo`, or
-    with `run_as_future` a `Future` of it whose `result()` raises the `HubPushError`. Errors are
-    `HubPushError`s naming `what` and the repo, with the token scrubbed. `owner`: see `hub_api` (futures of
-    one trainer run in order).
-    """
-    from huggingface_hub import constants
-
     validate_repo_id(repo_id)
     api = hub_api(token, endpoint, owner)
+    adds = [CommitOperationAdd(path_in_repo=f"{prefix.strip('/')}/{path}" if prefix else path,
+                               path_or_fileobj=str(Path(folder).expanduser().resolve() / path))
+            for folder, prefix, ignore in folders for path, _ in list_upload_files(folder, ignore)]
 
     def commit():
         with hub_errors(what, repo_id, api.token):
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             if revision and revision != constants.DEFAULT_REVISION:
                 api.create_branch(repo_id, branch=revision, exist_ok=True)  # a commit needs an existing branch
-            head, deletions, description = None, [], None
-            if scope is not None:
-                head, deletions = stale_file_deletions(api, repo_id, operations, scope, revision)
-            if deletions:
-                removed = [op.path_in_repo for op in deletions]
-                logger.info("Removing %d file(s) the new upload no longer contains: %s", len(removed),
-                            ", ".join(removed))
-                description = "Removed, as the new upload no longer contains them: " + ", ".join(removed)
-            return api.create_commit(repo_id, [*operations, *deletions], commit_message=commit_message,
-                                     commit_description=description, revision=revision, repo_type="model",
-                                     parent_commit=head)
+            try:
+                head = api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION).sha
+                existing = api.list_repo_files(repo_id, revision=head, repo_type="model")
+            except RevisionNotFoundError:  # no commit yet: nothing to delete
+                head, existing = None, []
+            removed = stale_files(existing, [op.path_in_repo for op in adds], export_root=export_root,
+                                  folders=tuple(prefix for _, prefix, _ in folders if prefix))
+            if removed:
+                logger.info("Removing %d file(s) the new upload no longer contains: %s", len(removed), ", ".join(removed))
+            return api.create_commit(
+                repo_id, [*adds, *(CommitOperationDelete(path_in_repo=path) for path in removed)],
+                commit_message=commit_message, revision=revision, repo_type="model", parent_commit=head,
+                commit_description="Removed, as the new upload no longer contains them: " + ", ".join(removed)
+                if removed else None)
 
     return api.run_as_future(commit) if run_as_future else commit()
 
 
-def upload_to_hub(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    path_in_repo: str | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    token: str | None = None,
-    endpoint: str | None = None,
-    ignore_patterns: list[str] | None = None,
-    run_as_future: bool = False,
-    owner=None,
-    scope: PushScope | None = None,
-):
-    """Uploads `folder` (to `path_in_repo`) in one commit; see `commit_to_hub` for the rest (`scope`: the
-    files the push owns and deletes when the upload no longer has them; None deletes nothing).
-
-    Nothing local is modified.
-    """
-    validate_repo_id(repo_id)
-    operations = folder_operations(folder, path_in_repo, ignore_patterns)
-    return commit_to_hub(
-        operations, repo_id, what=f"Upload of {str(folder)!r}", private=private, revision=revision, token=token,
-        endpoint=endpoint, run_as_future=run_as_future, owner=owner, scope=scope,
-        commit_message=commit_message or f"Upload {Path(folder).name} with hf-mocose",
-    )
-
-
-def push_export(
-    export_dir: str | os.PathLike,
-    repo_id: str,
-    *,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    dry_run: bool = False,
-    token: str | None = None,
-    endpoint: str | None = None,
-) -> str | list[tuple[str, int]]:
-    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the
-    root export files an earlier upload left that this export does not have (`hub_ownership`).
-
-    Returns the commit URL, or with `dry_run` the `(path_in_repo, size)` list that would be
-    uploaded (nothing is sent, no token is needed; what would be deleted is read at push time).
-    """
+def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | None = None,
+                revision: str | None = None, commit_message: str | None = None, dry_run: bool = False,
+                token: str | None = None, endpoint: str | None = None) -> str | list[tuple[str, int]]:
+    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the export
+    files an earlier upload left that this one lacks. Returns the commit URL, or with `dry_run` the
+    `(path_in_repo, size)` list it would upload (nothing sent, no token needed)."""
     validate_repo_id(repo_id)
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
         raise FileNotFoundError(f"Export folder {str(export_dir)!r} does not exist.")
     if not (export_dir / "modules.json").is_file():
-        raise ValueError(
-            f"{str(export_dir)!r} is not a sentence-transformers export (no modules.json); "
-            "run `hf-mocose export CHECKPOINT OUTPUT_DIR` first."
-        )
+        raise ValueError(f"{str(export_dir)!r} is not a sentence-transformers export (no modules.json); "
+                         "run `hf-mocose export CHECKPOINT OUTPUT_DIR` first.")
     if dry_run:
         return list_upload_files(export_dir)
-    commit = upload_to_hub(
-        export_dir, repo_id, private=private, revision=revision, token=token, endpoint=endpoint,
-        commit_message=commit_message or "Upload sentence-transformers export (hf-mocose)",
-        scope=PushScope(export_root=True),
-    )
-    return commit.commit_url
+    return upload_folders(
+        repo_id, [(export_dir, None, None)], export_root=True, what=f"Upload of {str(export_dir)!r}", private=private,
+        revision=revision, token=token, endpoint=endpoint,
+        commit_message=commit_message or "Upload sentence-transformers export (hf-mocose)").commit_url
+
+
+# ----------------------------------------------------------------------------- what a training run publishes
+def checkpoint_path_in_repo(hub_strategy: str, checkpoint_folder: str | os.PathLike) -> str | None:
+    """Where a checkpoint goes in the repo for `hub_strategy` (None: not pushed on save): transformers' folders,
+    and `mocose/` for what it would push to the root."""
+    return {"checkpoint": "last-checkpoint", "all_checkpoints": Path(checkpoint_folder).name,
+            "every_save": MOCOSE_SUBFOLDER}.get(str(getattr(hub_strategy, "value", hub_strategy)))
+
+
+def _log_failed_push(future) -> None:  # a failed background push is reported, not lost with its `Future`
+    if future.exception() is not None:
+        logger.error("A checkpoint push failed (training goes on): %s", future.exception())
+
+
+def push_training_checkpoint(trainer, checkpoint_folder: str | os.PathLike):
+    """`Trainer._push_from_checkpoint` without touching the root: the checkpoint goes to its folder in the repo,
+    which it owns whole (no file of an older checkpoint survives). Main process only; returns the upload `Future`
+    (its failure is also logged), or None when `hub_strategy` pushes nothing on save ("end")."""
+    args = trainer.args
+    path_in_repo = checkpoint_path_in_repo(args.hub_strategy, checkpoint_folder)
+    if not trainer.is_world_process_zero() or path_in_repo is None:
+        return None
+    ignore = list(CHECKPOINT_IGNORE)
+    if path_in_repo == MOCOSE_SUBFOLDER:  # model files only, as transformers does for every_save
+        ignore += ["optimizer.pt", "scheduler.pt", "rng_state*.pth", "fgsm_*.pt", "trainer_state.json"]
+    job = upload_folders(trainer.hub_model_id, [(checkpoint_folder, path_in_repo, ignore)], revision=args.hub_revision,
+                         private=args.hub_private_repo, token=args.hub_token, run_as_future=True, owner=trainer,
+                         what=f"Upload of {str(checkpoint_folder)!r}",
+                         commit_message=f"Training in progress, step {trainer.state.global_step}")
+    job.add_done_callback(_log_failed_push)
+    return job
+
+
+def trainer_repo_id(trainer) -> str | None:
+    """The repo id the trainer made or was given (`hub_model_id`, the trainer's own before the arguments')."""
+    return getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id
+
+
+def final_repo_id(trainer) -> str:
+    """The repo the final model goes to (`hub_model_id`); a `ValueError` says how to set it when there is none."""
+    repo_id = trainer_repo_id(trainer)
+    if not repo_id:
+        raise ValueError("Publishing to the Hub needs a repo id: set hub_model_id to 'namespace/name'.")
+    return validate_repo_id(repo_id)
+
+
+def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: int | None = None, **card_kwargs) -> Path:
+    """Writes the sentence-transformers export of `final_dir`, at `max_seq_length` (default: see
+    `export_to_sentence_transformers`), with the live run's card (`card_facts`); returns its folder."""
+    from .export import export_to_sentence_transformers
+    from .model_card import card_facts
+
+    output_dir = Path(trainer.args.output_dir)
+    return export_to_sentence_transformers(
+        final_dir, Path(export_dir or output_dir / "sentence-transformers"), overwrite=True,
+        max_seq_length=max_seq_length, repo_id=trainer_repo_id(trainer), facts=card_facts(trainer),
+        **{"export_name": output_dir.name, **card_kwargs})
+
+
+def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
+                       revision: str | None = None, token: str | None = None, private: bool | None = None,
+                       blocking: bool = True):
+    """Uploads the export (with its card) to the repo root and `final_dir` to `mocose/` in ONE commit, which also
+    deletes their stale files. `revision`, `token` and `private` default to `hub_revision`, `hub_token` and
+    `hub_private_repo`. Returns the `CommitInfo`, or with `blocking=False` its `Future` (after the trainer's earlier
+    uploads; `result()` raises the `HubPushError`)."""
+    args = trainer.args
+    return upload_folders(
+        final_repo_id(trainer), [(final_dir, MOCOSE_SUBFOLDER, CHECKPOINT_IGNORE), (export_dir, None, None)],
+        export_root=True, what=f"Upload of {str(export_dir)!r} and {str(final_dir)!r}",
+        commit_message=commit_message or "Upload the sentence-transformers export and the MoCoSE model (hf-mocose)",
+        revision=revision or args.hub_revision, token=token or args.hub_token,
+        private=args.hub_private_repo if private is None else private, run_as_future=not blocking, owner=trainer)
+
+
+def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | None = None, **card_kwargs) -> Path | None:
+    """End-of-training publishing: the export of `final_dir` (the saved MoCoSE model) to `export_dir` (default
+    `<output_dir>/sentence-transformers`) with the live run's card and, when `args.push_to_hub` (or `push`), its
+    upload with `final_dir` in one commit (`upload_final_model`). `card_kwargs` go to `export_final_model`
+    (`export_dir`, `eval_results`, `corpus`, `datasets`, `max_seq_length`, `base_model`...). Main process only:
+    returns the export folder there, None elsewhere."""
+    if not trainer.is_world_process_zero():
+        return None
+    push = trainer.args.push_to_hub if push is None else push
+    if push:
+        final_repo_id(trainer)  # no repo id: fail before the export, not after it
+    export_dir = export_final_model(trainer, final_dir, **card_kwargs)
+    if push:
+        upload_final_model(trainer, final_dir, export_dir)
+    return export_dir
+
+
+class HubPublishingMixin:
+    """`Trainer` hooks that keep the layout above: `push_to_hub()` publishes what `hf-mocose export` + `push`
+    publish, `_push_from_checkpoint` sends checkpoints where `hub_strategy` says (never to the root), `init_hf_repo`
+    names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks."""
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Creates the repo `hub_model_id`, or without one `<output_dir's name>` in the token's namespace (as
+        `Trainer.init_hf_repo`; an invalid name is a `ValueError`), and records its id in `self.hub_model_id`. Main
+        process only."""
+        if not self.is_world_process_zero():
+            return
+        name = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
+        try:
+            validate_repo_id(name if "/" in name else f"namespace/{name}")  # a bare name: the characters of a name
+        except ValueError:
+            if "/" in name:
+                raise
+            raise ValueError(f"{name!r} is not a valid model repo name (without hub_model_id the repo is named after "
+                             "the output_dir folder, as with Trainer): set hub_model_id to 'namespace/name'.") from None
+        api = hub_api(token if token is not None else self.args.hub_token, owner=self)
+        with hub_errors("Creating the repo", name, api.token):
+            private = private if private is not None else self.args.hub_private_repo
+            self.hub_model_id = api.create_repo(name, private=private, exist_ok=True, repo_type="model").repo_id
+        self.push_in_progress = None
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        from transformers.utils.hub import PushInProgress
+
+        if not self.is_world_process_zero() or checkpoint_path_in_repo(self.args.hub_strategy, checkpoint_folder) is None:
+            return
+        if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
+            return
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)  # as Trainer's own checkpoint push
+        job = push_training_checkpoint(self, checkpoint_folder)
+        if self.push_in_progress is None or self.push_in_progress.is_done():
+            self.push_in_progress = PushInProgress([job])
+        else:
+            self.push_in_progress.jobs.append(job)
+
+    def export_sentence_transformers(self, output_dir: str | os.PathLike | None = None, *,
+                                     final_dir: str | os.PathLike | None = None, **card_kwargs) -> Path | None:
+        """What `push_to_hub()` publishes, without the upload: saves the MoCoSE model to `final_dir` (default
+        `<output_dir>/final`) and its export with the card (`export_to_sentence_transformers`; `card_kwargs`:
+        `eval_results`, `corpus`, `datasets`, `base_model`, `template`, `max_seq_length`...) to `output_dir` (default
+        `<output_dir>/sentence-transformers`), which `SentenceTransformer` loads. Call it on every process (sharded
+        saves need them all); returns the export folder on the main process, None on the others."""
+        final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
+        self.save_model(str(final_dir), _internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        return export_final_model(self, final_dir, export_dir=output_dir, **card_kwargs)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
+        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would: the MoCoSE model
+        (saved to `final_dir`, default `<output_dir>/final`) in `mocose/`, its export with the card (written by
+        `export_sentence_transformers`) at the root, in ONE commit. `token`, `revision`, `private` default to
+        `hub_token`, `hub_revision`, `hub_private_repo`; without `hub_model_id` the repo is `<output_dir's name>` in
+        the token's namespace, as with `Trainer`. Keywords (anything else is a `TypeError` before anything is
+        saved): `Trainer.create_model_card`'s (`card_kwargs_from_trainer_keywords`), `PUSH_TO_HUB_KEYWORDS`' others.
+        Returns the `CommitInfo` (with `blocking=False` its `Future`, whose `result()` raises the `HubPushError`) on
+        the main process, None on the others."""
+        from .model_card import card_kwargs_from_trainer_keywords
+
+        unknown = sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS))
+        if unknown:
+            raise TypeError(f"push_to_hub() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
+                            f"takes commit_message, blocking, token, revision, private, {', '.join(PUSH_TO_HUB_KEYWORDS)}.")
+        final_dir = Path(kwargs.pop("final_dir", None) or Path(self.args.output_dir) / "final")
+        card_kwargs = card_kwargs_from_trainer_keywords(**kwargs)  # conflicting names fail now, not after saving
+        if trainer_repo_id(self) and self.is_world_process_zero():
+            validate_repo_id(trainer_repo_id(self))
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:  # as Trainer: push_to_hub=False during training, the repo is made now
+            self.init_hf_repo(token=token, private=private)
+        model_tags = getattr(self.accelerator.unwrap_model(self.model), "model_tags", None) or []
+        if model_tags:  # as Trainer.push_to_hub: the model's own tags join the card's
+            card_kwargs["tags"] = [*card_kwargs.get("tags", []), *model_tags]
+        self._finish_current_push()  # the checkpoint pushes still running land first
+        export_dir = self.export_sentence_transformers(final_dir=final_dir, **card_kwargs)  # saves on every process
+        if export_dir is None:
+            return None
+        return upload_final_model(self, final_dir, export_dir, commit_message=commit_message, revision=revision,
+                                  token=token, private=private, blocking=blocking)

@@ -1,49 +1,225 @@
-"""Model cards for exported MoCoSE models: metadata as `huggingface_hub.ModelCardData`, layout in a Jinja template.
+"""What a model card says: the run's facts, collected while it trains, and the card's pieces (card data, results...).
 
-The template lives in the top-level `model_cards/` folder (`mocose.md.j2`); installed copies
-of the package carry it as package data under `hf_mocose/templates/`. What the card states about
-the run comes from `model_card_facts` (config.json, training_args.json, training_data.json,
-trainer_state.json, the evaluation JSON) or is passed in; nothing is guessed. What it shares with
-sentence-transformers' own cards (architecture, dimension, max length, similarity function, usage output,
-training logs, versions, widget, library and tags) comes from `SentenceTransformerModelCardData` and the
-export loaded as a `SentenceTransformer` (`card_data`). The card is rendered and re-parsed through
-`huggingface_hub.ModelCard`, so bad YAML metadata fails here, not on the Hub.
-
-`render_model_card` also takes the keywords of `Trainer.push_to_hub` / `Trainer.create_model_card`
-(`model_name`, `finetuned_from`, `tasks`, `dataset_tags`, `dataset`, `dataset_args`, `tags` as a
-string or a list...), with transformers' meaning (`card_kwargs_from_trainer_keywords`).
+sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is written
+at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer` describes its training
+set when it starts (`describe_training_data`) and, from the Trainer's own save hook (`_save`, as TRL's trainers write
+their cards when they save), writes the run's facts with every model and checkpoint it saves in one JSON file,
+`card_facts.json` (`save_card_facts`: arguments, training data, logs table and best step, steps, wall time, batch
+size, hardware). Nothing is unpickled: `training_args.bin` would run code from the file. A checkpoint saved before
+`card_facts.json` existed is read from its `training_args.json`, `training_data.json` and `trainer_state.json`
+(`load_card_facts`). `export.render_model_card` renders the card from the facts (`training_details`),
+`MoCoSEModelCardData` (plus the model-index, `spearman_cosine` in [-1, 1]) and the template (`find_template`).
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import math
 import os
-from importlib import metadata as importlib_metadata
+from dataclasses import dataclass, field
 from importlib import resources
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from .card_data import build_card_data, training_data_tables
-from .model_card_facts import (
-    STS_TASKS,
-    TASK_NAMES,
-    TRANSFER_TASKS,
-    _read_json,
-    collect_training_details,
-    read_eval_results,
-)
+from sentence_transformers import SentenceTransformerModelCardData
 
-__all__ = ["CITATIONS", "TRAINER_CARD_KEYWORDS", "card_kwargs_from_trainer_keywords", "find_template",
-           "read_eval_results", "render_model_card", "write_model_card"]
+from .card_hyperparameters import as_record, model_rows, training_rows
 
-logger = logging.getLogger(__name__)
+CARD_FACTS_JSON = "card_facts.json"
+STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
+TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "stsb": "STS-B",
+              "sickr": "SICK-R", "stsb_dev": "STS-B dev", "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA",
+              "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC"}
+TRAINING_LOSS, STSB_DEV = "Training Loss", "STS-B dev Spearman"
+STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 sentences (sentence-transformers: 100)
+
+
+def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
+    """The card's description of `dataset` (raw `text`, or tokenised `input_ids`, with or without `text`), or None
+    (no dataset, or neither column): `{"sentences": N or None (a stream), "columns", "token_lengths": {"min", "mean",
+    "max", "rows", "max_seq_length", "longer"}, "samples", "samples_from_tokens"}`. Lengths count tokens as training
+    saw them (special tokens included, truncated); `longer`: how many rows were cut (None without the text); the
+    samples are the first rows' text, or their tokens decoded."""
+    columns = list(getattr(dataset, "column_names", None) or [])
+    if dataset is None or not ({"text", "input_ids"} & set(columns)):
+        return None
+    size = len(dataset) if hasattr(dataset, "__len__") else None
+    # An IterableDataset's first rows are read again on every pass: nothing is consumed.
+    first = dataset.select(range(min(STATS_ROWS, size))) if size is not None else list(islice(iter(dataset), STATS_ROWS))
+    rows = {name: [row[name] for row in first] for name in columns if name in ("text", "input_ids")}
+    texts = None if rows.get("text") is None else [text or "" for text in rows["text"]]
+    longer = None
+    if texts is not None:  # tokenised once, whole: training's lengths are these cut at max_seq_length
+        whole = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+        longer = sum(length > max_seq_length for length in whole)
+    lengths = [len(ids) for ids in rows["input_ids"]] if "input_ids" in rows else [
+        min(length, max_seq_length) for length in whole]
+    if not lengths:
+        return None
+    samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
+        tokenizer.decode(ids, skip_special_tokens=True) for ids in rows["input_ids"][:SAMPLE_ROWS]]
+    return {"sentences": size, "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
+            "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
+                              "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
+            "samples": samples, "samples_from_tokens": texts is None}
+
+
+def state_facts(state: dict[str, Any]) -> dict[str, Any]:
+    """The card's facts of a `TrainerState` (its `vars`, or a `trainer_state.json`): the steps, the wall time, the
+    best step (`best_global_step`, else `best_model_checkpoint`'s) and the logs table, one row per logged step
+    (`Epoch`, `Step`, `Training Loss`, `STS-B dev Spearman` x100, 4 decimals, merged when a step has both)."""
+    rows: list[dict[str, Any]] = []
+    for entry in state.get("log_history") or []:
+        values = {TRAINING_LOSS: entry.get("loss"), STSB_DEV: entry.get("eval_stsb_spearman")}
+        values = {key: round(float(value), 4) for key, value in values.items() if isinstance(value, (int, float))}
+        if not values or entry.get("step") is None:
+            continue
+        if rows and rows[-1]["Step"] == entry["step"]:
+            rows[-1].update(values)
+        else:
+            rows.append({"Epoch": round(float(entry.get("epoch") or 0), 4), "Step": entry["step"], **values})
+    best, checkpoint = state.get("best_global_step"), str(state.get("best_model_checkpoint") or "").rstrip("/")
+    if best is None and checkpoint.rsplit("-", 1)[-1].isdigit():
+        best = int(checkpoint.rsplit("-", 1)[-1])
+    runtimes = [entry["train_runtime"] for entry in state.get("log_history") or [] if "train_runtime" in entry]
+    return {"global_step": state.get("global_step"), "max_steps": state.get("max_steps"),
+            "train_runtime": runtimes[-1] if runtimes else None, "log_rows": rows, "best_step": best}
+
+
+def card_facts(trainer) -> dict[str, Any]:
+    """The card's facts of a live run (see the module), as `save_card_facts` writes them; the hardware is
+    'N x <GPU name>' or 'N x CPU process(es)'."""
+    import torch
+
+    world = getattr(trainer.args, "world_size", 1)
+    return {"training_args": as_record(trainer.args), "training_data": getattr(trainer, "training_data", None),
+            **state_facts(vars(trainer.state)), "global_batch_size": getattr(trainer, "global_batch_size", None),
+            "hardware": f"{world} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else
+            f"{world} x CPU process" + ("es" if world > 1 else "")}
+
+
+def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
+    """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
+    or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
+    path = Path(folder) / CARD_FACTS_JSON
+    facts = json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    path.write_text(facts + "\n", encoding="utf-8")
+    return path
+
+
+def _read_json(path: Path | None) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _find_in_run(checkpoint: Path, name: str) -> Path | None:
+    """`name` in the checkpoint, else in its parent output dir, else in the parent's latest checkpoint-N."""
+    numbered = [p for p in checkpoint.parent.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    numbered.sort(key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+    return next((folder / name for folder in (checkpoint, checkpoint.parent, *numbered) if (folder / name).is_file()),
+                None)
+
+
+def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint); for
+    one saved before that file, the same facts from `training_args.json`, `training_data.json` and
+    `trainer_state.json` (same search), and `pickle_only` when `training_args.bin` is its only record (never read)."""
+    checkpoint = Path(checkpoint)
+    saved = _read_json(_find_in_run(checkpoint, CARD_FACTS_JSON))
+    if isinstance(saved, dict):
+        return saved
+    record = _read_json(_find_in_run(checkpoint, "training_args.json")) or {}
+    data = _read_json(_find_in_run(checkpoint, "training_data.json"))
+    return {"training_args": record, **state_facts(_read_json(_find_in_run(checkpoint, "trainer_state.json")) or {}),
+            "training_data": data if isinstance(data, dict) and isinstance(data.get("token_lengths"), dict) else None,
+            "pickle_only": not record and _find_in_run(checkpoint, "training_args.bin") is not None}
+
+
+def training_details(config: dict[str, Any], facts: dict[str, Any], training_args: Any | None = None) -> dict:
+    """The template's `details`: the run's `facts` with the checkpoint `config`'s, the hyper-parameter rows, the
+    global batch size B (per device x accumulation x processes; one process assumed when unrecorded) and d_trace."""
+    recorded = as_record(facts.get("training_args") if training_args is None else training_args)
+    method, world_size, batch = config.get("method", "mocose"), recorded.get("world_size"), facts.get("global_batch_size")
+    batch_assumed = batch is None and world_size is None
+    if batch is None and "per_device_train_batch_size" in recorded:
+        batch = (recorded["per_device_train_batch_size"] * (recorded.get("gradient_accumulation_steps") or 1)
+                 * (world_size or 1))
+    d_trace = None
+    if method == "mocose" and "ema_decay_end" in recorded and batch:
+        from ..methods.mtd import max_traceable_distance
+
+        d_trace = max_traceable_distance(recorded["ema_decay_end"], config.get("queue_size", 512), batch)
+    runtime = facts.get("train_runtime")
+    minutes, seconds = divmod(round(runtime or 0), 60)
+    hours, minutes = divmod(minutes, 60)
+    return {
+        **state_facts({}), **facts, "method": method, "model_rows": model_rows(config),
+        "train_rows": training_rows(recorded), "all_arguments": dict(sorted((recorded.get("arguments") or {}).items())),
+        "global_batch_size": batch, "batch_assumed": batch_assumed,
+        "d_trace": None if d_trace is None else ("∞ (η_end = 1)" if math.isinf(d_trace) else f"{d_trace:.2f}"),
+        "train_runtime": None if runtime is None else (f"{hours}h {minutes:02d}m {seconds:02d}s" if hours
+                                                       else f"{minutes}m {seconds:02d}s"),
+        "trained_with_transformers": config.get("transformers_version"),
+        "una_used": recorded.get("hard_negatives") == "una",  # an explicit switch: una_alpha has a non-zero default
+        # Checkpoints before base_model_name_or_path existed: the encoder's own record.
+        "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
+        "training_max_seq_length": config.get("max_seq_length"), "sentence_pooling": config.get("sentence_pooling", "cls"),
+        "queue_size": config.get("queue_size"), "best_exported": bool(recorded.get("load_best_model_at_end")),
+    }
+
+
+def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
+    """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`:
+    the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
+    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev)."""
+    raw = source if isinstance(source, dict) else {}
+    if source is not None and not isinstance(source, dict):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"Evaluation results file {str(path)!r} does not exist.")
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"Evaluation results file {str(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"Evaluation results must be a JSON object, got {type(raw).__name__}.")
+    nested = ("results", "sts", "transfer", "tasks")
+    flat = {k: v for key in nested if isinstance(raw.get(key), dict) for k, v in raw[key].items()}
+    flat.update({k: v for k, v in raw.items() if k not in nested})
+    if "eval_stsb_spearman" in flat and "stsb_dev" not in flat:
+        flat["stsb_dev"] = {"spearman": flat["eval_stsb_spearman"], "pearson": flat.get("eval_stsb_pearson")}
+    sts, transfer = {}, {}
+    for task in (*STS_TASKS, "stsb_dev"):
+        value = {"spearman": flat[task]} if isinstance(flat.get(task), (int, float)) else flat.get(task)
+        if isinstance(value, dict) and isinstance(value.get("spearman"), (int, float)):
+            sts[task] = {k: value.get(k) for k in ("spearman", "pearson", "n")}
+    for task in TRANSFER_TASKS:
+        value = flat.get(task)
+        accuracy = value.get("accuracy", value.get("acc")) if isinstance(value, dict) else value
+        if isinstance(accuracy, (int, float)):
+            transfer[task] = float(accuracy)
+    avg = flat.get("avg", flat.get("sts_avg"))
+    avg = avg.get("spearman") if isinstance(avg, dict) else avg
+    # `avg_over` (hf-mocose evaluate) says which STS tasks the average covers; a partial average
+    # must not be labelled, or compared with the paper, as the 7-task one.
+    avg_over = flat.get("avg_over") or [t for t in STS_TASKS if t in sts]
+    if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TASKS):
+        avg, avg_over = sum(sts[t]["spearman"] for t in STS_TASKS) / len(STS_TASKS), list(STS_TASKS)
+    complete = set(STS_TASKS) <= set(avg_over)
+    transfer_avg = flat.get("transfer_avg")
+    return {
+        "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
+        "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
+        "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
+        "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None,
+    }
+
 
 DEFAULT_TEMPLATE = "mocose.md.j2"
-# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
-PAPER_STS_AVG = {
-    "bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
-    "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13,
-}
 CITATIONS = {
     "mocose": """@inproceedings{cao-etal-2022-exploring,
     title = "Exploring the Impact of Negative Samples of Contrastive Learning: A Case Study of Sentence Embedding",
@@ -72,7 +248,68 @@ CITATIONS = {
     note = "arXiv preprint",
 }""",
 }
-CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
+
+
+def mocose_eval_results(results: dict[str, Any]) -> list:
+    """`EvalResult`s of `read_eval_results`' dict as `EmbeddingSimilarityEvaluator` names them on every sentence-
+    transformers model: `spearman_cosine` / `pearson_cosine` in [-1, 1] ("Semantic Similarity"); transfer `accuracy`."""
+    from huggingface_hub import EvalResult
+
+    sts = dict(task_type="semantic-similarity", task_name="Semantic Similarity")
+    evals = [EvalResult(**sts, dataset_type=task, dataset_name=f"{TASK_NAMES[task]} (SentEval)",
+                        dataset_split="validation" if task == "stsb_dev" else "test", metric_type=f"{metric}_cosine",
+                        metric_name=f"{metric.capitalize()} Cosine", metric_value=round(float(scores[metric]) / 100, 6))
+             for task, scores in results["sts"].items() for metric in ("spearman", "pearson")
+             if scores.get(metric) is not None]
+    if results["avg"] is not None:
+        evals.append(EvalResult(**sts, dataset_type="sts-avg" if results["avg_complete"] else "sts-partial-avg",
+                                dataset_name=f"{results['avg_label']} (SentEval)", dataset_split="test",
+                                metric_type="spearman_cosine", metric_name="Spearman Cosine",
+                                metric_value=round(results["avg"] / 100, 6)))
+    return evals + [EvalResult(task_type="text-classification", task_name="SentEval transfer", dataset_type=task,
+                               dataset_name=f"{TASK_NAMES[task]} (SentEval)", metric_type="accuracy",
+                               metric_name="Accuracy", metric_value=round(accuracy / 100, 6))
+                    for task, accuracy in results["transfer"].items()]
+
+
+@dataclass
+class MoCoSEModelCardData(SentenceTransformerModelCardData):
+    """`SentenceTransformerModelCardData` plus a model-index from an evaluation JSON (`eval_results`);
+    `local_path_snippet`: the usage snippet loads a local folder (`model_id`), it downloads nothing."""
+
+    eval_results: list = field(default_factory=list)  # huggingface_hub EvalResult, see `mocose_eval_results`
+    local_path_snippet: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        from huggingface_hub.repocard_data import eval_results_to_model_index
+
+        data = super().to_dict()  # also cached for `to_yaml`, which reads the same dict
+        if self.eval_results:
+            data["model-index"] = eval_results_to_model_index(self.model_name, self.eval_results)
+            data["metrics"] = list(dict.fromkeys(result.metric_type for result in self.eval_results))
+        return data
+
+    def generate_usage_snippet(self) -> str:
+        snippet = super().generate_usage_snippet()
+        return snippet.replace("# Download from the 🤗 Hub\n", "# Load the model folder\n") if self.local_path_snippet \
+            else snippet
+
+
+def training_data_tables(training_data: dict[str, Any] | None) -> dict[str, str] | None:
+    """The card's statistics and samples tables of the training data, as sentence-transformers draws them
+    (columns = the data's columns, cells through its own example formatting)."""
+    from sentence_transformers.base.model_card import BaseModelCardData
+    from transformers.modelcard import make_markdown_table
+
+    if not training_data:
+        return None
+    lengths, column = training_data["token_lengths"], training_data["columns"][0]
+    details = (f"<ul><li>min: {lengths['min']} tokens</li><li>mean: {lengths['mean']} tokens</li>"
+               f"<li>max: {lengths['max']} tokens</li></ul>")
+    stats = make_markdown_table([{"": "type", column: "string"}, {"": "details", column: details}])
+    samples = make_markdown_table([{column: f"<code>{BaseModelCardData._format_example_value(text)}</code>"}
+                                   for text in training_data["samples"]])
+    return {"stats_table": stats.replace("-:|", "--|"), "examples_table": samples.replace("-:|", "--|")}
 
 
 def find_template(template: str | os.PathLike | None = None) -> Path:
@@ -81,168 +318,37 @@ def find_template(template: str | os.PathLike | None = None) -> Path:
     if template is not None and Path(template).is_file():
         return Path(template)
     name = DEFAULT_TEMPLATE if template is None else str(template)
-    candidates = [Path(__file__).resolve().parents[2] / "model_cards" / name]
-    try:
-        candidates.append(Path(str(resources.files("hf_mocose") / "templates" / name)))
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual loaders
-        pass
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"Model card template {name!r} not found (looked in: {', '.join(map(str, candidates))}).")
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of hf-mocose and huggingface_hub at export (sentence-transformers' card data has the rest)."""
-    versions = {}
-    for name in ("hf-mocose", "huggingface_hub"):
-        try:
-            versions[name] = importlib_metadata.version(name)
-        except importlib_metadata.PackageNotFoundError:
-            pass
-    return versions
-
-
-def _is_hub_id(value: str | None) -> bool:
-    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
-    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
+    candidates = [Path(__file__).resolve().parents[2] / "model_cards" / name,
+                  Path(str(resources.files("hf_mocose") / "templates" / name))]
+    found = next((candidate for candidate in candidates if candidate.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"Model card template {name!r} not found (looked in: {', '.join(map(str, candidates))}).")
+    return found
 
 
 def as_list(value) -> list:
     """None -> [], a string -> [that string] (one tag, not its characters), a list or tuple -> a list."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
-def _unique(values: list) -> list:
-    return list(dict.fromkeys(values))
-
-
-# Keywords of `Trainer.push_to_hub(**kwargs)` -> `Trainer.create_model_card` (transformers 5.x).
-TRAINER_CARD_KEYWORDS = ("model_name", "language", "license", "tags", "finetuned_from", "tasks", "dataset_tags",
-                         "dataset", "dataset_args")
-# transformers' name -> the `render_model_card` argument with the same meaning (ours came first, for the CLI).
+# transformers' `create_model_card` name -> the `render_model_card` argument with the same meaning (ours came first).
 _SAME_MEANING = {"finetuned_from": "base_model", "dataset_tags": "datasets", "dataset": "corpus"}
 
 
 def card_kwargs_from_trainer_keywords(**kwargs) -> dict[str, Any]:
-    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s, with transformers' meaning.
-
-    `finetuned_from` is the `base_model`; `dataset_tags` are Hub dataset ids (metadata `datasets`);
-    `dataset` names the training data in the text (our `corpus`); `dataset_args` are their
-    configurations; `tasks` become tags (the `pipeline_tag` stays sentence-similarity, which
-    sentence-transformers' loader and the Hub widget need); `tags` may be a string (one tag).
-    Giving both names of one thing with different values is a `ValueError` naming both.
-    """
+    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s, with transformers' meaning:
+    `finetuned_from` is the `base_model`, `dataset_tags` the metadata `datasets`, `dataset` the text's `corpus`,
+    `dataset_args` their configurations; `tasks` become tags (the `pipeline_tag` stays sentence-similarity, which
+    sentence-transformers' loader and the Hub widget need); `tags` may be a string (one tag). Both names of one
+    thing with different values are a `ValueError` naming both."""
     card = dict(kwargs)
     for trainer_name, ours in _SAME_MEANING.items():
-        if card.get(trainer_name) is None:
-            card.pop(trainer_name, None)
+        value = card.pop(trainer_name, None)
+        if value is None:
             continue
-        value = card.pop(trainer_name)
         value = ", ".join(as_list(value)) if ours == "corpus" else (as_list(value) if ours == "datasets" else value)
         if card.get(ours) not in (None, (), []) and card[ours] != value:
             raise ValueError(f"{trainer_name}={kwargs[trainer_name]!r} and {ours}={card[ours]!r} say the same thing "
                              "differently: give one of them.")
         card[ours] = value
-    for name in ("tags", "tasks", "dataset_args"):
-        if name in card:
-            card[name] = as_list(card[name])
-    return card
-
-
-def render_model_card(
-    export_dir: str | os.PathLike,
-    checkpoint: str | os.PathLike | None = None,
-    eval_results: str | os.PathLike | dict | None = None,
-    *,
-    template: str | os.PathLike | None = None,
-    repo_id: str | None = None,
-    export_name: str | None = None,
-    base_model: str | None = None,
-    datasets: list[str] | tuple[str, ...] = (),
-    corpus: str | None = None,
-    language: str | list[str] | None = "en",
-    license: str | None = "apache-2.0",
-    tags: str | list[str] | None = None,
-    model_name: str | None = None,
-    tasks: str | list[str] | None = None,
-    dataset_args: str | list[str] | None = None,
-    training_args: Any | None = None,
-    global_batch_size: int | None = None,
-    train_runtime: float | None = None,
-    hardware: str | None = None,
-    trainer_state: Any | None = None,
-):
-    """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
-
-    `model_name` is the card's title and model-index name (default: the repo's or folder's name);
-    `tags` and `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the
-    corpus. `training_args` is the live arguments object (else the checkpoint's training_args.json),
-    `trainer_state` the live `TrainerState` (else the run's trainer_state.json: the logs table, steps).
-    """
-    from huggingface_hub import ModelCard
-    from sentence_transformers import SentenceTransformer
-
-    export_dir = Path(export_dir)
-    details = collect_training_details(checkpoint, training_args, global_batch_size, train_runtime, hardware,
-                                       trainer_state)
-    results = read_eval_results(eval_results)
-    base_model = base_model or details["base_model"]
-    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
-    model_id = repo_id or f"path/to/{export_name or export_dir.name}"
-    method = details["method"]
-    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []),
-             *(["una"] if details["una_used"] else [])]
-    title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
-    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
-    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
-    card_data = build_card_data(
-        st_model, details, results, model_id=model_id, is_repo=bool(repo_id), model_name=title,
-        base_model=base_for_card, datasets=datasets, language=language, license=license,
-        tags=_unique(["mocose", method, *(["una"] if details["una_used"] else []), *as_list(tags), *as_list(tasks)]),
-        citations={CITATION_NAMES[name]: CITATIONS[name] for name in cited},
-    )
-    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
-    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
-    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
-    template_path = find_template(template)
-    card = ModelCard.from_template(
-        card_data,
-        template_path=str(template_path),
-        title=title,
-        model_id=model_id,
-        is_repo=bool(repo_id),
-        method_name=CITATION_NAMES.get(method, method),
-        sentence_pooling=details["sentence_pooling"],
-        max_seq_length=st_model.max_seq_length,  # what the export truncates at
-        training_max_seq_length=details["training_max_seq_length"],
-        has_dense=any(type(module).__name__ == "Dense" for module in st_model),
-        encoder_kwargs=encoder_kwargs,
-        modules=[type(module).__name__ for module in st_model],
-        details=details,
-        results=results,
-        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS],
-        transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
-        corpus=corpus or (", ".join(datasets) if datasets else None),
-        dataset_args=as_list(dataset_args),
-        training_data=details["training_data"],
-        training_data_tables=training_data_tables(details["training_data"]),
-        extra_versions=library_versions(),
-    )
-    # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
-    parsed = ModelCard(str(card))
-    if parsed.data.library_name != "sentence-transformers":
-        raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
-    return parsed
-
-
-def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
-    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
-    card = render_model_card(export_dir, checkpoint, eval_results, **kwargs)
-    path = Path(export_dir) / "README.md"
-    path.write_text(str(card), encoding="utf-8")
-    return path
+    return {name: as_list(value) if name in ("tags", "tasks", "dataset_args") else value for name, value in card.items()}

@@ -28,7 +28,7 @@ from ..methods.mtd import check_target_reachable
 from ..models.ema import ema_decay_range
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
-from ..publishing.training_data_facts import describe_training_data
+from ..publishing.model_card import describe_training_data
 from ..training.launch import quiet_library_notices, refuse_one_process_of_several
 from .model_source import check_model_source
 
@@ -209,7 +209,7 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
 
 def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
     """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
-    was given (see the module). The description (`publishing.training_data_facts`: size, token lengths,
+    was given (see the module). The description (`publishing.model_card`: size, token lengths,
     samples) is taken before tokenising, while the raw text is there, for the model card."""
     from .training_args import MoCoSETrainingArguments
 

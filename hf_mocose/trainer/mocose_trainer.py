@@ -10,8 +10,8 @@ trainers take them). This class overrides only:
     scores STS-B dev (`eval_stsb_spearman` x100, `compute_metrics`, the Trainer's speed metrics) so
     `load_best_model_at_end` works; `predict` gives pair similarities or sentence embeddings;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `training_args.json` and
-    `training_data.json` (what the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `card_facts.json` (the run's
+    facts, which the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
     saves (`hf_mocose.training.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
   - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
     the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
@@ -34,12 +34,11 @@ from transformers import PreTrainedModel, Trainer
 from ..data.collator import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation
 from ..methods.mtd import active_queue_window, max_traceable_distance
-from ..models.ema import ema_decay_at
+from ..models.ema import EMATargetCallback, ema_decay_at
 from ..models.modeling import MoCoSEModel
 from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
-from ..publishing.hub_publishing import HubPublishingMixin
-from ..publishing.training_data_facts import save_card_records
-from ..models.ema import EMATargetCallback
+from ..publishing.hub import HubPublishingMixin
+from ..publishing.model_card import save_card_facts
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs
@@ -271,15 +270,12 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return super().train(resume, *args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """`Trainer._save` (model, tokenizer, training_args.bin), plus what the model card reads: `training_args.json`
-        and `training_data.json` (the training set, described at start: a card may be written later, offline).
-
-        Every saved model and checkpoint gets them, so a card never has to unpickle the `.bin`.
+        """`Trainer._save` (model, tokenizer, training_args.bin), plus the run's facts the model card reads,
+        `card_facts.json` (`publishing.model_card`: a card may be written later, offline, from any saved folder).
         """
         super()._save(output_dir, state_dict)
         if self.args.should_save:
-            folder = output_dir if output_dir is not None else self.args.output_dir
-            save_card_records(folder, self.args, self.training_data)
+            save_card_facts(output_dir if output_dir is not None else self.args.output_dir, self)
 
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""

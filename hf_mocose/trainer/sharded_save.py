@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..publishing.training_data_facts import save_card_records
+from ..publishing.model_card import save_card_facts
 
 
 def uses_sharded_state_dict(trainer) -> bool:
@@ -24,7 +24,7 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
     """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
 
     - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
-      training_args.bin, training_args.json and training_data.json (the card's) beside the DCP folder, so the
+      training_args.bin and card_facts.json (the card's) beside the DCP folder, so the
       checkpoint is recognised and checked on resume;
     - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
       saves them, so export and push read a plain `save_pretrained` folder.
@@ -41,6 +41,6 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
             if trainer.processing_class is not None:
                 trainer.processing_class.save_pretrained(output_dir)
             torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-            save_card_records(output_dir, trainer.args, getattr(trainer, "training_data", None))
+            save_card_facts(output_dir, trainer)
         return
     trainer._save(output_dir, state_dict=trainer.accelerator.get_state_dict(trainer.model))
