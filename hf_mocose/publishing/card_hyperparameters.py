@@ -1,23 +1,17 @@
 """The hyper-parameters a model card shows: which, under what label, and what an unset (None) value meant.
 
-The training arguments come from `training_args.json`, written by `MoCoSETrainer` with every saved model
-and checkpoint (`save_card_training_args`; the Trainer's pickled `training_args.bin` is never read), the
-model's from the checkpoint's `config.json`. Every row carries the value the run used: an argument left
+The training arguments come from the run's card facts (`card_facts.json`, collected while training by
+`hf_mocose.publishing.model_card.save_card_facts`; the Trainer's pickled `training_args.bin` is never read),
+the model's from the checkpoint's `config.json`. Every row carries the value the run used: an argument left
 at None is shown as what None stood for (the heads' learning rate = the encoder's; the predictor width =
 the key width, in numbers), never as "None"; optional switches left off are not listed.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from ..models.settings import METHOD_SETTINGS
-
-TRAINING_ARGS_JSON = "training_args.json"
-
 
 
 def _setting_rows(*groups: str) -> dict[str, str]:
@@ -73,24 +67,6 @@ NOT_HYPERPARAMETERS = {
 }
 # The model's rows, read from config.json: the method settings that are `MoCoSEConfig` fields and have a label.
 MODEL_FIELDS = {s.name: s.label for s in METHOD_SETTINGS if s.label and s.model}
-
-
-def save_card_training_args(args, folder: str | os.PathLike) -> Path:
-    """Writes the training arguments the card shows to `folder`/training_args.json.
-
-    The fields of `TRAINING_FIELDS` (plus `world_size`, so the card's global batch size is exact, not
-    assumed) at the top level, and under `"arguments"` every argument of the run but where it logged and
-    its secrets (`NOT_HYPERPARAMETERS`; `to_dict` masks `*_token` fields), which the card lists in full.
-    Called by `MoCoSETrainer` wherever the Trainer saves a model or checkpoint, next to its
-    `training_args.bin`, so `hf-mocose export` of any checkpoint reads them without unpickling.
-    """
-    values = args.to_dict()  # enums as their values, secrets masked
-    record = {name: values[name] for name in (*TRAINING_FIELDS, *RECORDED_EXTRA) if name in values}
-    record["world_size"] = getattr(args, "world_size", 1)
-    record["arguments"] = _card_arguments(values)
-    path = Path(folder) / TRAINING_ARGS_JSON
-    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    return path
 
 
 def _card_arguments(values: dict[str, Any]) -> dict[str, Any]:
