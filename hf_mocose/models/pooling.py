@@ -2,9 +2,12 @@
 
 One function serves the MoCoSE model (training and export) and the evaluation code for
 plain encoders, so "cls", "cls_dense" and "mean" mean exactly the same thing everywhere.
+The token pooling itself is sentence-transformers' `Pooling`, the module the export writes.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 from torch import nn
@@ -19,6 +22,14 @@ def check_sentence_pooling(mode: str) -> str:
             f"Unknown sentence_pooling {mode!r}; choose one of {', '.join(SENTENCE_POOLING_MODES)}."
         )
     return mode
+
+
+@cache
+def _token_pooling(mode: str) -> nn.Module:
+    # Imported here: the config imports this module, and `import hf_mocose` must stay light.
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    return Pooling(0, pooling_mode=mode)  # no weights; the dimension only feeds its repr and config
 
 
 def pool_sentence_embedding(
@@ -37,15 +48,13 @@ def pool_sentence_embedding(
         dense: the Linear used by `"cls_dense"`.
 
     Returns:
-        `(batch, hidden)` sentence embeddings.
+        `(batch, hidden)` sentence embeddings. In float32 (training and evaluation, autocast included)
+        bit-identical to the masked mean / first token computed by hand; half-precision states are
+        averaged in float32 (sentence-transformers' rule), then cast back.
     """
     check_sentence_pooling(mode)
-    if mode == "mean":
-        mask = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
-        return (last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    cls = last_hidden_state[:, 0]
-    if mode == "cls_dense":
-        if dense is None:
-            raise ValueError("sentence_pooling='cls_dense' needs the pooler's dense layer, and none was given.")
-        return dense(cls)
-    return cls
+    if mode == "cls_dense" and dense is None:
+        raise ValueError("sentence_pooling='cls_dense' needs the pooler's dense layer, and none was given.")
+    features = {"token_embeddings": last_hidden_state, "attention_mask": attention_mask}
+    pooled = _token_pooling("mean" if mode == "mean" else "cls")(features)["sentence_embedding"]
+    return dense(pooled) if mode == "cls_dense" else pooled
