@@ -107,7 +107,7 @@ def test_alignment_uniformity_spectrum_known_values():
 
 
 def test_diagnose_and_plot(tmp_path):
-    from hf_mocose.evaluation.sts import StsPairs
+    from hf_mocose.data.sts_files import StsPairs
 
     pairs = StsPairs(["good a", "bad b", "good c"], ["good d", "good e", "bad f"], [4.5, 1.0, 4.0])
     result = diagnostics.diagnose(keyword_encoder, pairs)

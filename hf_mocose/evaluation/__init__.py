@@ -3,10 +3,9 @@
 - `sts` (STS12-16, STS-B, SICK-R and the papers' aggregations), `transfer` (SentEval's classification tasks),
   `runner` (tasks by name, one results table), `encoders` (MoCoSE checkpoints and plain encoders as one
   interface), `diagnostics` (alignment, uniformity, the singular-value spectrum), `commands` (`hf-mocose
-  evaluate` and `hf-mocose diagnose`); `trainer_sts` re-exports the trainer's STS evaluation from its old path.
+  evaluate` and `hf-mocose diagnose`).
 
 Sub-modules are imported lazily by their users, so importing this package stays cheap.
 
-May import: `hf_mocose.models`, `methods`, `data` (and `trainer` for the old path's re-export). The core never
-imports it.
+May import: `hf_mocose.models`, `methods`, `data`, `metrics`. The core never imports it.
 """

@@ -1,9 +1,8 @@
 """Sentence encoders under evaluation: MoCoSE checkpoints, sentence-transformers folders, plain HF encoders.
 
-All of them are driven the same way: length-sorted batches, fp32, ``model.eval()`` and
-``torch.no_grad()``, so that numbers do not depend on dropout or on the order sentences arrive in.
-The batching itself (`encode_batches`, `encode_with_model`, `resolve_max_length`) lives in the core
-module `hf_mocose.models.encoding`; it is re-exported here for existing imports.
+Each is loaded as a `SentenceTransformer` and encoded with its `encode` (length-sorted batches, eval mode,
+no gradient): a MoCoSE checkpoint as itself (it loads as one: `MoCoSEModel.get_text_features` is `embed`),
+a plain encoder as `Transformer` + `Pooling` (+ its pooler's `Dense` for ``cls_dense``), in float32.
 """
 
 from __future__ import annotations
@@ -11,19 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from hf_mocose.models.encoding import (
-    encode_batches,
-    encode_with_model,
-    length_sorted_order,
-    mocose_embed,
-    pooled_embed,
-    resolve_max_length,
-)
-from hf_mocose.models.pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
+from hf_mocose.models.encoding import resolve_max_length
+from hf_mocose.models.pooling import check_sentence_pooling
 
 
 @dataclass
@@ -33,13 +24,18 @@ class Encoder:
     path: str
     kind: str  # "mocose" | "sentence-transformers" | "hf"
     pooling: str  # the pooling used, or "sentence-transformers" for the folder's own modules
-    encode_fn: Callable[..., torch.Tensor]
+    model: "SentenceTransformer"  # noqa: F821 - imported when an encoder is loaded
     batch_size: int = 64
     show_progress: bool = True
-    max_length: int | None = None  # truncation in tokens
 
-    def encode(self, sentences: list[str], desc: str = "encoding") -> torch.Tensor:
-        return self.encode_fn(sentences, batch_size=self.batch_size, show_progress=self.show_progress, desc=desc)
+    @property
+    def max_length(self) -> int | None:
+        """Truncation in tokens."""
+        return self.model.max_seq_length
+
+    def encode(self, sentences: list[str]) -> torch.Tensor:
+        return self.model.encode(sentences, batch_size=self.batch_size, show_progress_bar=self.show_progress,
+                                 convert_to_tensor=True).float().cpu()
 
     def describe(self) -> dict:
         return {"path": self.path, "kind": self.kind, "pooling": self.pooling, "max_length": self.max_length}
@@ -73,14 +69,6 @@ def detect_model_kind(path: str | Path) -> str:
     )
 
 
-def _import_mocose_model():
-    try:
-        from hf_mocose.models.modeling import MoCoSEModel
-    except ImportError as err:  # pragma: no cover - only while modeling.py is missing
-        raise ValueError(f"this is a MoCoSE checkpoint but hf_mocose.models.modeling cannot be imported: {err}") from err
-    return MoCoSEModel
-
-
 def load_encoder(
     path: str | Path,
     pooler: str | None = None,
@@ -89,7 +77,7 @@ def load_encoder(
     max_length: int | None = None,
     show_progress: bool = True,
 ) -> Encoder:
-    """Loads whatever encoder `path` holds, in eval mode and fp32.
+    """Loads whatever encoder `path` holds, in eval mode (float32 but for a sentence-transformers folder's own).
 
     Args:
         path: MoCoSE checkpoint, sentence-transformers folder or plain HF encoder folder.
@@ -97,69 +85,43 @@ def load_encoder(
             Plain HF: default ``cls``. A sentence-transformers folder given a pooler is read as a plain
             HF encoder (its transformer weights) with that pooler instead of its own modules.
         device: default CUDA when available, else CPU.
+        max_length: truncation in tokens; by default the encoder's own limit (whole sentences, as SentEval
+            encodes them), not a MoCoSE checkpoint's training `max_seq_length`.
     """
-    from transformers import AutoModel, AutoTokenizer
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
     if pooler is not None:
         check_sentence_pooling(pooler)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kind = detect_model_kind(path)
     path = str(path)
-
+    float32 = {"dtype": torch.float32}
     if kind == "sentence-transformers" and pooler is None:
-        from sentence_transformers import SentenceTransformer
-
-        st_model = SentenceTransformer(path, device=str(device))
-        st_model.eval()
+        model = SentenceTransformer(path, device=device)
         if max_length:
-            st_model.max_seq_length = max_length
-
-        def st_encode(sentences, batch_size=64, show_progress=False, desc=""):
-            # sentence-transformers sorts by length itself and runs under no_grad in eval mode.
-            emb = st_model.encode(
-                sentences, batch_size=batch_size, show_progress_bar=show_progress, convert_to_tensor=True
-            )
-            return emb.float().cpu()
-
-        return Encoder(path, kind, "sentence-transformers", st_encode, batch_size, show_progress, st_model.max_seq_length)
-
-    if kind == "sentence-transformers":  # with a pooler: its transformer weights, read as a plain encoder
-        kind = "hf"
-    tokenizer = AutoTokenizer.from_pretrained(path)
+            model.max_seq_length = max_length
+        return Encoder(path, kind, "sentence-transformers", model.eval(), batch_size, show_progress)
     if kind == "mocose":
-        model = _import_mocose_model().from_pretrained(path).to(device, torch.float32).eval()
-        pooling = pooler or model.config.sentence_pooling
-        if pooling == model.config.sentence_pooling:
-            embed = mocose_embed(model)
-        else:
-            encoder, dense = model.online_encoder, model.online_pooler
-            embed = pooled_embed(encoder, pooling, dense)
-        config = model.online_encoder.config  # whole sentences by default, not the training max_seq_length
-    else:
-        pooling = pooler or "cls"
-        model = AutoModel.from_pretrained(path).to(device, torch.float32).eval()
-        dense = None
+        model = SentenceTransformer(path, device=device, model_kwargs=float32)
+        mocose = model[0].auto_model
+        pooling = mocose.config.sentence_pooling = pooler or mocose.config.sentence_pooling  # `embed` reads it
+        encoder_config = mocose.online_encoder.config
+    else:  # a plain encoder, or a sentence-transformers folder's transformer weights read as one
+        kind, pooling = "hf", pooler or "cls"
+        transformer = Transformer(path, model_kwargs=float32)
+        modules = [transformer, Pooling(transformer.get_embedding_dimension(), "mean" if pooling == "mean" else "cls")]
         if pooling == "cls_dense":
-            dense = getattr(getattr(model, "pooler", None), "dense", None)
+            dense = getattr(getattr(transformer.auto_model, "pooler", None), "dense", None)
             if dense is None:
                 raise ValueError(f"--pooler cls_dense needs a pooler dense layer, and {path} has none")
-        embed = pooled_embed(model, pooling, dense)
-        config = model.config
-    max_length = resolve_max_length(tokenizer, config, max_length)
+            modules.append(Dense(dense.in_features, dense.out_features, activation_function=torch.nn.Identity(),
+                                 init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))
+        model = SentenceTransformer(modules=modules, device=device)
+        encoder_config = transformer.auto_model.config
+    # Not sentence-transformers' own limit: see `resolve_max_length` (RoBERTa's offset, a MoCoSE config).
+    model.max_seq_length = resolve_max_length(model.tokenizer, encoder_config, max_length)
+    return Encoder(path, kind, pooling, model.eval(), batch_size, show_progress)
 
-    def hf_encode(sentences, batch_size=64, show_progress=False, desc="encoding"):
-        return encode_batches(embed, tokenizer, sentences, device, batch_size, max_length, show_progress, desc)
 
-    return Encoder(path, kind, pooling, hf_encode, batch_size, show_progress, max_length)
-
-
-__all__ = [
-    "SENTENCE_POOLING_MODES",
-    "Encoder",
-    "detect_model_kind",
-    "encode_batches",
-    "encode_with_model",
-    "length_sorted_order",
-    "load_encoder",
-    "resolve_max_length",
-]
+__all__ = ["Encoder", "detect_model_kind", "load_encoder"]

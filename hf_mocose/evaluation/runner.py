@@ -109,7 +109,7 @@ def run_tasks(
     inner_folds: int = 5,
     log=print,
 ) -> dict:
-    """Evaluates `encoder` (anything with ``encode(sentences, desc=...) -> (n, dim)``) on `tasks`.
+    """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`.
 
     Returns the JSON-able results: one entry per task, ``avg``/``avg_over`` (mean Spearman over the
     STS test tasks that ran) and ``transfer_avg``/``transfer_avg_over``; ``seconds`` per task.
@@ -118,15 +118,11 @@ def run_tasks(
     seconds: dict[str, float] = {}
     for task in tasks:
         start = time.perf_counter()
-
-        def encode(sentences, _task=task):
-            return encoder.encode(sentences, desc=DISPLAY_NAMES[_task])
-
         if task in STS_TASKS:
-            results[task] = evaluate_sts_task(encode, load_sts_task(senteval_dir, task), aggregation)
+            results[task] = evaluate_sts_task(encoder.encode, load_sts_task(senteval_dir, task), aggregation)
             summary = f"spearman {results[task]['spearman']:.2f}  pearson {results[task]['pearson']:.2f}"
         else:
-            results[task] = evaluate_transfer_task(encode, senteval_dir, task, seed, kfold, inner_folds)
+            results[task] = evaluate_transfer_task(encoder.encode, senteval_dir, task, seed, kfold, inner_folds)
             summary = f"accuracy {results[task]['accuracy']:.2f}"
         seconds[task] = round(time.perf_counter() - start, 2)
         if log:

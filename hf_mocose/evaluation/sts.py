@@ -1,9 +1,8 @@
 """Semantic textual similarity (STS) tasks and scoring, following SentEval/SimCSE.
 
-The SentEval file readers (`StsPairs`, `read_sts_benchmark`, `read_sts_year_set`, `read_sick`,
-`read_lines`, the folder layout) live in the core module `hf_mocose.data.sts_files`, because the trainer
-reads STS-B dev with them; they are re-exported here. This module names the tasks (STS12-16,
-STS-B, SICK-R), loads them and scores an encoder on them.
+The SentEval file readers live in the core module `hf_mocose.data.sts_files` (the trainer reads STS-B
+dev with them). This module names the tasks (STS12-16, STS-B, SICK-R), loads them and scores an encoder
+on them.
 """
 
 from __future__ import annotations
@@ -14,16 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-# LAYOUT_HELP and read_lines are not used here: re-exported for existing `evaluation.sts` imports.
-from hf_mocose.data.sts_files import (  # noqa: F401
-    LAYOUT_HELP,
-    StsPairs,
-    read_lines,
-    read_sick,
-    read_sts_benchmark,
-    read_sts_year_set,
-    require_senteval_file,
-)
+from hf_mocose.data.sts_files import StsPairs, read_sick, read_sts_benchmark, read_sts_year_set, require_senteval_file
 from hf_mocose.metrics.correlation import score_correlation  # the one implementation, also the `evaluate` metric's
 
 # SentEval folder and set names, in SentEval's order.
