@@ -30,10 +30,10 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from hf_mocose.evaluation.encoders import load_encoder  # noqa: E402
 from hf_mocose.evaluation.runner import (  # noqa: E402
     DISPLAY_NAMES,
     TASK_GROUPS,
+    load_encoder,
     markdown_tables,
     missing_files,
     run_tasks,

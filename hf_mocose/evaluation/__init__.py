@@ -1,8 +1,8 @@
 """Evaluation of sentence encoders: SentEval STS and transfer tasks, representation diagnostics.
 
 - `sts` (STS12-16, STS-B, SICK-R and the papers' aggregations), `transfer` (SentEval's classification tasks),
-  `runner` (tasks by name, one results table), `encoders` (MoCoSE checkpoints and plain encoders as one
-  interface), `diagnostics` (alignment, uniformity, the singular-value spectrum), `commands` (`hf-mocose
+  `runner` (the encoder: MoCoSE checkpoints, sentence-transformers folders and plain encoders as one
+  `SentenceTransformer`; tasks by name; one results table), `diagnostics` (alignment, uniformity, the singular-value spectrum), `commands` (`hf-mocose
   evaluate` and `hf-mocose diagnose`).
 
 Sub-modules are imported lazily by their users, so importing this package stays cheap.

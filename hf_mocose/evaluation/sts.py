@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hf_mocose.data.sts_files import StsPairs, read_sick, read_sts_benchmark, read_sts_year_set, require_senteval_file
-from hf_mocose.metrics.correlation import score_correlation  # the one implementation, also the `evaluate` metric's
+from hf_mocose.metrics import score_correlation  # the one implementation, also the `evaluate` metric's
 
 # SentEval folder and set names, in SentEval's order.
 STS_YEAR_SETS: dict[str, tuple[str, tuple[str, ...]]] = {
