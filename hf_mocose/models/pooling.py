@@ -7,8 +7,6 @@ The token pooling itself is sentence-transformers' `Pooling`, the module the exp
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 from torch import nn
 
@@ -24,12 +22,16 @@ def check_sentence_pooling(mode: str) -> str:
     return mode
 
 
-@cache
-def _token_pooling(mode: str) -> nn.Module:
-    # Imported here: the config imports this module, and `import hf_mocose` must stay light.
-    from sentence_transformers.sentence_transformer.modules import Pooling
+_TOKEN_POOLING: dict[str, nn.Module] = {}  # "cls" / "mean" -> sentence-transformers' Pooling (no weights)
 
-    return Pooling(0, pooling_mode=mode)  # no weights; the dimension only feeds its repr and config
+
+def _token_pooling(mode: str) -> nn.Module:
+    if mode not in _TOKEN_POOLING:
+        # Imported here: the config imports this module, and `import hf_mocose` must stay light.
+        from sentence_transformers.sentence_transformer.modules import Pooling
+
+        _TOKEN_POOLING[mode] = Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
+    return _TOKEN_POOLING[mode]
 
 
 def pool_sentence_embedding(
