@@ -103,7 +103,7 @@ def _module_edges() -> dict[str, set[str]]:
 def test_import_scan_sees_every_form_of_evaluation_import():
     """The scanner itself: each way of importing the evaluation package is caught (else the next test proves nothing)."""
     forms = [
-        "from .evaluation.encoders import load_encoder",
+        "from .evaluation.runner import load_encoder",
         "from . import evaluation",
         "from .evaluation import sts",
         "import hf_mocose.evaluation.sts",

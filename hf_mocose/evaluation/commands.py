@@ -160,7 +160,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from hf_mocose.evaluation.diagnostics import diagnose, load_stsb_for_diagnostics, plot_spectra
+    from hf_mocose.evaluation.sts import diagnose, load_stsb_for_diagnostics, plot_spectra
     from hf_mocose.evaluation.runner import load_encoder
 
     _check_batch_size(args.batch_size)

@@ -1,6 +1,6 @@
 """The sentence embedding of a loaded `MoCoSEModel`, in batches, and the length sentences are cut at.
 
-`hf-mocose evaluate` encodes with `SentenceTransformer.encode` (`evaluation/encoders.py`). This module
+`hf-mocose evaluate` encodes with `SentenceTransformer.encode` (`evaluation/runner.py`). This module
 serves the callers that hold a model object rather than a folder: the trainer's STS evaluation (mid-training)
 and the export's check against `MoCoSEModel.embed`. Like sentence-transformers: length-sorted batches,
 ``model.eval()``, no gradient; the embeddings come back in float32.
