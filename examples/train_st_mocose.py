@@ -31,7 +31,7 @@ from transformers import HfArgumentParser
 
 from hf_mocose import MoCoSELoss, MoCoSETrainingArguments
 from hf_mocose.data.corpus import load_sentences
-from hf_mocose.evaluation.sts import read_sts_benchmark
+from hf_mocose.data.sts_files import read_sts_benchmark
 from hf_mocose.models.settings import METHOD_DEFAULTS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -139,7 +139,7 @@ def test_encode_with_model_restores_mode(tiny_encoder):
         pytest.skip(f"hf_mocose.models.modeling is not importable yet: {err}")
     from transformers import AutoTokenizer
 
-    from hf_mocose.evaluation.encoders import encode_with_model
+    from hf_mocose.models.encoding import encode_with_model
 
     model = MoCoSEModel.from_encoder(tiny_encoder, sentence_pooling="mean")
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)

@@ -173,9 +173,9 @@ def test_metric_module_loads_offline():
 def test_metric_and_evaluate_share_one_correlation_rule():
     """One implementation behind `hf-mocose evaluate` and the `evaluate` metric: predictions constant up to float
     rounding (identical embeddings: cosines 1 +- 1e-16) have no correlation in both, and both give the same numbers."""
-    from hf_mocose.metrics import correlation, load_sts_correlation
+    from hf_mocose.metrics import load_sts_correlation, score_correlation
 
-    assert sts.score_correlation is correlation.score_correlation
+    assert sts.score_correlation is score_correlation
     metric = load_sts_correlation()
     gold = [1.0, 2.0, 3.0, 4.0]
     rounding_noise = [1.0, 1.0 + 2e-16, 1.0 - 2e-16, 1.0 + 4e-16]

@@ -1,4 +1,4 @@
-"""SentEval transfer tasks and representation diagnostics on synthetic data with known answers."""
+"""SentEval transfer tasks and the representation diagnostics (evaluation/sts.py) on synthetic data with known answers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import SENTEVAL_DIR, needs_senteval
 
-from hf_mocose.evaluation import diagnostics, transfer
+from hf_mocose.evaluation import sts, transfer
 
 
 def write(path: Path, lines: list[str], encoding: str = "utf-8") -> Path:
@@ -95,23 +95,23 @@ def test_real_transfer_loaders():
 # ----------------------------------------------------------------- diagnostics
 def test_alignment_uniformity_spectrum_known_values():
     x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
-    assert diagnostics.alignment(x, x) == pytest.approx(0.0)
-    assert diagnostics.alignment(x, -x) == pytest.approx(4.0)  # antipodal: ||x - y||^2 = 4
-    assert diagnostics.uniformity(torch.tensor([[1.0, 0.0], [-3.0, 0.0]])) == pytest.approx(-8.0)
+    assert sts.alignment(x, x) == pytest.approx(0.0)
+    assert sts.alignment(x, -x) == pytest.approx(4.0)  # antipodal: ||x - y||^2 = 4
+    assert sts.uniformity(torch.tensor([[1.0, 0.0], [-3.0, 0.0]])) == pytest.approx(-8.0)
     # 3 points: squared distances 2, 2, 4 -> log((2 e^-4 + e^-8) / 3)
     pts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
-    assert diagnostics.uniformity(pts) == pytest.approx(math.log((2 * math.exp(-4) + math.exp(-8)) / 3))
-    assert diagnostics.singular_spectrum(torch.eye(4) * 3).tolist() == pytest.approx([1.0] * 4)
-    rank_one = diagnostics.singular_spectrum(torch.ones(5, 3))
+    assert sts.uniformity(pts) == pytest.approx(math.log((2 * math.exp(-4) + math.exp(-8)) / 3))
+    assert sts.singular_spectrum(torch.eye(4) * 3).tolist() == pytest.approx([1.0] * 4)
+    rank_one = sts.singular_spectrum(torch.ones(5, 3))
     assert rank_one[0] == pytest.approx(1.0) and rank_one[1:] == pytest.approx([0, 0], abs=1e-6)
 
 
 def test_diagnose_and_plot(tmp_path):
-    from hf_mocose.evaluation.sts import StsPairs
+    from hf_mocose.data.sts_files import StsPairs
 
     pairs = StsPairs(["good a", "bad b", "good c"], ["good d", "good e", "bad f"], [4.5, 1.0, 4.0])
-    result = diagnostics.diagnose(keyword_encoder, pairs)
+    result = sts.diagnose(keyword_encoder, pairs)
     assert result["n_positive_pairs"] == 2 and result["n_sentences"] == 6
     assert len(result["singular_values"]) == 2 and result["singular_values"][0] == pytest.approx(1.0)
-    png = diagnostics.plot_spectra({"a": result["singular_values"], "b": [1.0, 0.1]}, tmp_path / "out" / "s.png")
+    png = sts.plot_spectra({"a": result["singular_values"], "b": [1.0, 0.1]}, tmp_path / "out" / "s.png")
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

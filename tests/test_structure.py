@@ -32,7 +32,7 @@ LAYER_IMPORTS = {
     "publishing": {"models", "methods", "data", "training"},
     "trainer": {"models", "methods", "data", "training", "publishing"},
     "st_loss": {"models", "methods", "data", "training", "publishing"},
-    "evaluation": {"models", "methods", "data", "metrics", "trainer"},  # `trainer` only for the re-export in trainer_sts.py
+    "evaluation": {"models", "methods", "data", "metrics"},
     "commands": {"models", "methods", "data", "training", "publishing", "trainer", "st_loss", "evaluation"},
     "<root>": {"models", "trainer", "st_loss", "publishing"},
 }
@@ -103,12 +103,12 @@ def _module_edges() -> dict[str, set[str]]:
 def test_import_scan_sees_every_form_of_evaluation_import():
     """The scanner itself: each way of importing the evaluation package is caught (else the next test proves nothing)."""
     forms = [
-        "from .evaluation.encoders import load_encoder",
+        "from .evaluation.runner import load_encoder",
         "from . import evaluation",
         "from .evaluation import sts",
         "import hf_mocose.evaluation.sts",
         "from hf_mocose.evaluation import encoders",
-        "def f():\n    from .evaluation.trainer_sts import STSEvaluationMixin",  # a lazy import counts too
+        "def f():\n    from .evaluation.runner import run_tasks",  # a lazy import counts too
     ]
     for source in forms:
         assert any(_is_evaluation(name) for _, name in _imported_modules(source, "hf_mocose.probe")), source
@@ -204,21 +204,6 @@ def test_importing_the_core_loads_no_evaluation_module():
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(modules) <= set(loaded)
     assert [m for m in loaded if _is_evaluation(m) or _layer(m) == "commands"] == []
-
-
-def test_moved_names_are_still_importable_from_evaluation():
-    """The old public import paths re-export the core objects themselves (no copies)."""
-    from hf_mocose.data import sts_files
-    from hf_mocose.evaluation import encoders, sts, trainer_sts
-    from hf_mocose.models import encoding
-    from hf_mocose.trainer import sts_evaluation as trainer_evaluation
-
-    for name in ("encode_with_model", "encode_batches", "resolve_max_length", "length_sorted_order"):
-        assert getattr(encoders, name) is getattr(encoding, name)
-    for name in ("StsPairs", "read_sts_benchmark", "read_sts_year_set", "read_sick", "read_lines", "LAYOUT_HELP"):
-        assert getattr(sts, name) is getattr(sts_files, name)
-    for name in trainer_evaluation.__all__:
-        assert getattr(trainer_sts, name) is getattr(trainer_evaluation, name)
 
 
 # The method hyper-parameters the one description must cover (issue 34: each declared in at most 3 files).

@@ -118,7 +118,7 @@ def test_builtin_minilm_names_its_hub_id(tmp_path):
 
 def test_compute_metrics_gets_similarities_and_gold_scores(tiny_encoder, tmp_path):
     """Trainer's contract: `compute_metrics(EvalPrediction)` at each evaluation, its keys prefixed."""
-    from hf_mocose.evaluation.encoders import encode_with_model
+    from hf_mocose.models.encoding import encode_with_model
 
     seen = []
 
@@ -139,7 +139,7 @@ def test_compute_metrics_gets_similarities_and_gold_scores(tiny_encoder, tmp_pat
 
 
 def test_predict_scores_pairs_and_embeds_sentences(tiny_encoder, tmp_path):
-    from hf_mocose.evaluation.encoders import encode_with_model
+    from hf_mocose.models.encoding import encode_with_model
 
     trainer = make_trainer(tiny_encoder, tmp_path, n_sentences=8)
     pairs = trainer.predict(PAIRS)

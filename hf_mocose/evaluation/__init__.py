@@ -1,12 +1,11 @@
 """Evaluation of sentence encoders: SentEval STS and transfer tasks, representation diagnostics.
 
-- `sts` (STS12-16, STS-B, SICK-R and the papers' aggregations), `transfer` (SentEval's classification tasks),
-  `runner` (tasks by name, one results table), `encoders` (MoCoSE checkpoints and plain encoders as one
-  interface), `diagnostics` (alignment, uniformity, the singular-value spectrum), `commands` (`hf-mocose
-  evaluate` and `hf-mocose diagnose`); `trainer_sts` re-exports the trainer's STS evaluation from its old path.
+- `sts` (STS12-16, STS-B, SICK-R and the papers' aggregations; the diagnostics on STS-B: alignment,
+  uniformity, the singular-value spectrum), `transfer` (SentEval's classification tasks), `runner` (the
+  encoder: MoCoSE checkpoints, sentence-transformers folders and plain encoders as one `SentenceTransformer`;
+  tasks by name; one results table), `commands` (`hf-mocose evaluate` and `hf-mocose diagnose`).
 
 Sub-modules are imported lazily by their users, so importing this package stays cheap.
 
-May import: `hf_mocose.models`, `methods`, `data` (and `trainer` for the old path's re-export). The core never
-imports it.
+May import: `hf_mocose.models`, `methods`, `data`, `metrics`. The core never imports it.
 """

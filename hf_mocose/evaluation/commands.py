@@ -113,8 +113,7 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from hf_mocose.evaluation.encoders import load_encoder
-    from hf_mocose.evaluation.runner import markdown_table, resolve_tasks, run_tasks
+    from hf_mocose.evaluation.runner import load_encoder, markdown_table, resolve_tasks, run_tasks
 
     _check_batch_size(args.batch_size)
     # Resolve tasks before loading the model: a typo should fail in a second, not after a load.
@@ -161,8 +160,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from hf_mocose.evaluation.diagnostics import diagnose, load_stsb_for_diagnostics, plot_spectra
-    from hf_mocose.evaluation.encoders import load_encoder
+    from hf_mocose.evaluation.sts import diagnose, load_stsb_for_diagnostics, plot_spectra
+    from hf_mocose.evaluation.runner import load_encoder
 
     _check_batch_size(args.batch_size)
     n = len(args.models)

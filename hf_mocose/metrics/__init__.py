@@ -1,8 +1,10 @@
 """`evaluate` metric scripts shipped with hf-mocose (installed as package data: metrics/*.py), and their scoring.
 
-`evaluate.load` takes a metric script by file path and imports it on its own, outside the package, so a
-script reaches the scoring by absolute import (`hf_mocose.metrics.correlation`, which `hf-mocose evaluate`
-scores with too); this package also says where the scripts are.
+`score_correlation` is the one implementation of the STS correlation: `hf-mocose evaluate`
+(`hf_mocose.evaluation.sts`) and the metric script (`sts_correlation.py`) both score with it, so a number
+never depends on which of the two computed it. `evaluate.load` takes a metric script by file path and
+imports it on its own, outside the package, so the script reaches it by absolute import
+(`hf_mocose.metrics.score_correlation`). This package also says where the scripts are.
 
 May import: nothing else from `hf_mocose` (the base layer: `evaluation` imports it).
 """
@@ -10,6 +12,8 @@ May import: nothing else from `hf_mocose` (the base layer: `evaluation` imports 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 METRICS_DIR = Path(__file__).resolve().parent
 
@@ -26,4 +30,32 @@ def load_sts_correlation(**kwargs):
     return evaluate.load(sts_correlation_path(), **kwargs)
 
 
-__all__ = ["METRICS_DIR", "load_sts_correlation", "sts_correlation_path"]
+# Predictions whose spread is within float rounding (e.g. identical embeddings: every cosine is 1 up to
+# ~1e-16) count as constant: ranking their rounding noise would give a meaningless correlation.
+CONSTANT_SPREAD = 1e-9
+
+
+def score_correlation(predicted, gold) -> dict:
+    """Spearman and Pearson (both x100) of `predicted` `(n,)` vs `gold` `(n,)`, plus the pair count `n`.
+
+    A constant input has no correlation: `nan` for both when the predictions spread by at most
+    `CONSTANT_SPREAD` or the gold scores are all equal. Fewer than 2 pairs, or different lengths, is a
+    `ValueError`.
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if predicted.shape != gold.shape:
+        raise ValueError(f"{predicted.shape[0]} predictions for {gold.shape[0]} gold scores")
+    if len(gold) < 2:
+        raise ValueError("a correlation needs at least 2 pairs")
+    if np.ptp(predicted) <= CONSTANT_SPREAD or np.ptp(gold) == 0:
+        return {"spearman": float("nan"), "pearson": float("nan"), "n": int(len(gold))}
+    return {
+        "spearman": float(spearmanr(predicted, gold)[0] * 100),
+        "pearson": float(pearsonr(predicted, gold)[0] * 100),
+        "n": int(len(gold)),
+    }
+
+
+__all__ = ["CONSTANT_SPREAD", "METRICS_DIR", "load_sts_correlation", "score_correlation", "sts_correlation_path"]

@@ -3,14 +3,14 @@
 An `evaluate` metric script, so `evaluate.load(path_to_this_file)` works offline, unlike
 `evaluate.load("spearmanr")`, which needs the Hugging Face Hub. Get the path with
 `hf_mocose.metrics.sts_correlation_path()`. `evaluate.load` imports the script by file path, outside the
-package, so it reaches the scoring by absolute import: `hf_mocose.metrics.correlation.score_correlation`,
+package, so it reaches the scoring by absolute import: `hf_mocose.metrics.score_correlation`,
 the function `hf-mocose evaluate` scores with (same numbers, same `nan` rule for constant inputs).
 """
 
 import datasets
 import evaluate
 
-from hf_mocose.metrics.correlation import score_correlation
+from hf_mocose.metrics import score_correlation
 
 _CITATION = """\
 @inproceedings{cer-etal-2017-semeval,

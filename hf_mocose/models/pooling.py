@@ -2,6 +2,7 @@
 
 One function serves the MoCoSE model (training and export) and the evaluation code for
 plain encoders, so "cls", "cls_dense" and "mean" mean exactly the same thing everywhere.
+The token pooling itself is sentence-transformers' `Pooling`, the module the export writes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ def check_sentence_pooling(mode: str) -> str:
     return mode
 
 
+_TOKEN_POOLING: dict[str, nn.Module] = {}  # "cls" / "mean" -> sentence-transformers' Pooling (no weights)
+
+
+def _token_pooling(mode: str) -> nn.Module:
+    if mode not in _TOKEN_POOLING:
+        # Imported here: the config imports this module, and `import hf_mocose` must stay light.
+        from sentence_transformers.sentence_transformer.modules import Pooling
+
+        _TOKEN_POOLING[mode] = Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
+    return _TOKEN_POOLING[mode]
+
+
 def pool_sentence_embedding(
     last_hidden_state: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -37,15 +50,13 @@ def pool_sentence_embedding(
         dense: the Linear used by `"cls_dense"`.
 
     Returns:
-        `(batch, hidden)` sentence embeddings.
+        `(batch, hidden)` sentence embeddings. In float32 (training and evaluation, autocast included)
+        bit-identical to the masked mean / first token computed by hand; half-precision states are
+        averaged in float32 (sentence-transformers' rule), then cast back.
     """
     check_sentence_pooling(mode)
-    if mode == "mean":
-        mask = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
-        return (last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    cls = last_hidden_state[:, 0]
-    if mode == "cls_dense":
-        if dense is None:
-            raise ValueError("sentence_pooling='cls_dense' needs the pooler's dense layer, and none was given.")
-        return dense(cls)
-    return cls
+    if mode == "cls_dense" and dense is None:
+        raise ValueError("sentence_pooling='cls_dense' needs the pooler's dense layer, and none was given.")
+    features = {"token_embeddings": last_hidden_state, "attention_mask": attention_mask}
+    pooled = _token_pooling("mean" if mode == "mean" else "cls")(features)["sentence_embedding"]
+    return dense(pooled) if mode == "cls_dense" else pooled

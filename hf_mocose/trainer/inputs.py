@@ -36,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_MINILM = "builtin:all-MiniLM-L6-v2"
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(name_or_path: str, field: str = "model_name_or_path", location: dict | None = None) -> str:
@@ -62,19 +61,18 @@ def _builtin_path(name_or_path: str, field: str) -> str:
 
 
 def from_pretrained_kwargs(args) -> dict:
-    """`args.model_init_kwargs` for `from_pretrained`: `dtype` names become torch dtypes, float32 by default.
+    """`args.model_init_kwargs` for `from_pretrained`, with `dtype` float32 unless it names another.
 
     As TRL's trainers: `"bfloat16"`, `"float16"`, `"float32"`, `"auto"` (the checkpoint's own) or a
-    `torch.dtype`; anything else is refused naming the value.
+    `torch.dtype`, passed on as given (`from_pretrained` reads the name); anything else is refused naming it.
     """
-    kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
-    dtype = kwargs.get("dtype", torch.float32)
-    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
-        dtype = DTYPE_NAMES[dtype]
-    if not (isinstance(dtype, torch.dtype) or dtype == "auto"):
-        raise ValueError(f"model_init_kwargs dtype {dtype!r} is not a dtype: use 'auto' or one of "
-                         f"{', '.join(DTYPE_NAMES)}.")
-    return {**kwargs, "dtype": dtype}
+    kwargs = {"dtype": torch.float32, **(getattr(args, "model_init_kwargs", None) or {})}
+    dtype = kwargs["dtype"]
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not (dtype == "auto" or isinstance(named, torch.dtype)):  # checked here: one line naming it, before a load
+        raise ValueError(f"model_init_kwargs dtype {dtype!r} is not a dtype: use 'auto' or a torch dtype name "
+                         "(bfloat16, float16, float32).")
+    return kwargs
 
 
 def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = None,

@@ -102,6 +102,7 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
 
     def embed_inputs(self, model, sentences, **kwargs) -> np.ndarray:
         """`(len(sentences), hidden)` float32 embeddings from `MoCoSEModel.embed`."""
+        # Not `model.encode` (the evaluator's default): the model under training is no SentenceTransformer.
         embeddings = encode_with_model(model, self.tokenizer, list(sentences), batch_size=self.batch_size,
                                        max_length=self.max_length).numpy()
         self.embeddings = [*self.embeddings[-1:], embeddings]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..models.sequence_length import check_length_fits_encoder
 from .sts_evaluation import STS_EVALUATOR_NAME
 
-# What `MoCoSETrainer.evaluate` scores (evaluation/trainer_sts.py), as `{prefix}_{name}`.
+# What `MoCoSETrainer.evaluate` scores (trainer/sts_evaluation.py), as `{prefix}_{name}`.
 STS_METRICS = (f"{STS_EVALUATOR_NAME}_spearman", f"{STS_EVALUATOR_NAME}_pearson")
 
 

@@ -21,18 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FOLDER = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
 LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
 NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
@@ -46,17 +44,14 @@ class IncompleteCheckpointError(ValueError):
 
 def checkpoint_step(folder: str | os.PathLike) -> int | None:
     """N for a folder named `checkpoint-N`, else None."""
-    match = CHECKPOINT_FOLDER.match(Path(folder).name)
-    return int(match.group(1)) if match else None
+    prefix, _, step = Path(folder).name.rpartition("-")
+    return int(step) if prefix == PREFIX_CHECKPOINT_DIR and step.isdecimal() else None
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """The `checkpoint-N` folders of `output_dir`, oldest step first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return sorted(found, key=checkpoint_step)
+    """The `checkpoint-N` folders of `output_dir`, oldest step first: the Trainer's own `sort_checkpoints`,
+    without the folders it only prefix-matches (`checkpoint-4.bak`), which no Trainer wrote or resumes."""
+    return [Path(p) for p in sort_checkpoints(str(output_dir)) if checkpoint_step(p) is not None]
 
 
 def safetensors_problem(path: str | os.PathLike) -> str | None:

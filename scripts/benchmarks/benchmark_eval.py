@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository:
 import torch  # noqa: E402
 
 from scripts import DEFAULT_SENTEVAL, REPO, default_encoder  # noqa: E402  (first: its offline defaults)
-from hf_mocose.evaluation.encoders import load_encoder  # noqa: E402
 from hf_mocose.evaluation.runner import (  # noqa: E402
     DISPLAY_NAMES,
     TASK_GROUPS,
+    load_encoder,
     markdown_tables,
     missing_files,
     run_tasks,

@@ -241,7 +241,7 @@ def build_st_mocose(settings: dict, cfg, model_path: str, sentences, common: dic
 
 def encoder_of(model, tokenizer, max_length: int):
     """sentences -> `(n, hidden)` embeddings, for a MoCoSE model (its `sentence_pooling`) or a Transformer+Pooling ST model."""
-    from hf_mocose.evaluation.encoders import encode_with_model
+    from hf_mocose.models.encoding import encode_with_model
 
     if hasattr(model, "encode") and not hasattr(model, "online_encoder"):  # sentence-transformers
         model.max_seq_length = max_length
