@@ -270,7 +270,7 @@ def test_position_limit_minds_roberta_offset_and_tokenizer_sentinel(tmp_path):
     from conftest import build_tiny_encoder
     from sentence_transformers import SentenceTransformer
 
-    from hf_mocose.models.sequence_length import inference_max_seq_length
+    from hf_mocose.models.encoding import inference_max_seq_length
 
     roberta = build_tiny_encoder(tmp_path / "roberta", model_type="roberta")  # 128 position embeddings
     model, tokenizer = make_checkpoint(roberta, tmp_path / "ckpt", queue_size=8, queue_init_size=4, max_seq_length=MAX_LEN)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.models.ema import check_twin_layout, local_shards
-from hf_mocose.trainer.sharded_save import complete_sharded_save
+from hf_mocose.trainer.mocose_trainer import complete_sharded_save
 from hf_mocose.models.ema import EMATargetCallback
 from hf_mocose.training.sharding import (
     ShardedModelCallback,

@@ -19,7 +19,7 @@ import yaml
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
-from ..models.sequence_length import inference_max_seq_length
+from ..models.encoding import inference_max_seq_length
 from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer

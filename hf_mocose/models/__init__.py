@@ -8,7 +8,7 @@
 - `heads` (pooler, projection, predictor), `pooling` ([CLS] / mean), `queue` (`KeyQueue`, the FIFO of keys),
   `losses` (InfoNCE with queue weights, IFCL's Twins loss), `ema` (the EMA target: schedule, pairs, and
   `EMATargetCallback`, its update after every optimizer step).
-- `encoding`: sentence embeddings in length-sorted batches; `sequence_length`: training vs inference lengths.
+- `encoding`: training vs inference sentence lengths, and sentence embeddings in length-sorted batches.
 
 May import: `hf_mocose.methods`. Never the front ends, publishing, evaluation or the command line.
 """

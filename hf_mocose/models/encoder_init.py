@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .configuration import base_model_id
-from .sequence_length import sentence_transformers_max_seq_length
+from .encoding import sentence_transformers_max_seq_length
 
 # `from_pretrained` keywords that say where config.json is (the rest are for loading weights).
 CONFIG_LOCATION_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "trust_remote_code",

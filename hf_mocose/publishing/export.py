@@ -7,7 +7,7 @@ The folder is built from sentence-transformers' own modules and written by its o
 sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity activation; only
 for cls_dense). The target branch, queue, projection and predictor heads (training machinery) are left out.
 `max_seq_length` is what the encoder supports at inference, not the (short) training length: the base model's
-sentence-transformers setting, else the encoder's position limit, or the value given (`models.sequence_length`).
+sentence-transformers setting, else the encoder's position limit, or the value given (`models.encoding`).
 
 The card (`render_model_card`, README.md) is rendered at export from the run's facts (`model_card`), with the export
 loaded as a `SentenceTransformer` and registered with sentence-transformers' card data; it is parsed back by
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model
-from ..models.sequence_length import inference_max_seq_length
+from ..models.encoding import inference_max_seq_length
 from .model_card import (
     CITATIONS,
     STS_TASKS,
@@ -222,7 +222,7 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
         output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole, so no
             stale module folder survives).
         max_seq_length: tokens the export truncates its inputs at. Default: the base model's sentence-transformers
-            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.sequence_length`), not the
+            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.encoding`), not the
             training length.
         eval_results: evaluation JSON (path or dict) whose results go into the model card.
         write_card: write README.md from the `model_cards/` template (`write_model_card`).

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..data.collator import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation
@@ -42,7 +44,6 @@ from ..publishing.model_card import save_card_facts
 from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs
-from .sharded_save import complete_sharded_save
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .switches import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
@@ -50,6 +51,40 @@ from .training_args import MoCoSETrainingArguments
 OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # the name before both front ends shared one (0.1)
 logger = logging.getLogger(__name__)
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
+
+
+# FSDP's `SHARDED_STATE_DICT` makes `Trainer.save_model` write no weights file: a checkpoint folder gets the config
+# and tokenizer beside accelerate's DCP folder, any other folder (the final model, what export and push read) the
+# full weights, as with `FULL_STATE_DICT`.
+def uses_sharded_state_dict(trainer) -> bool:
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    return plugin is not None and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
+
+def complete_sharded_save(trainer, output_dir: str) -> None:
+    """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
+
+    - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
+      training_args.bin and card_facts.json (the card's) beside the DCP folder, so the
+      checkpoint is recognised and checked on resume;
+    - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
+      saves them, so export and push read a plain `save_pretrained` folder.
+    Runs on every process (the gather is collective). A no-op for other set-ups.
+    """
+    if not uses_sharded_state_dict(trainer):
+        return
+    if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
+        if trainer.args.should_save:
+            from transformers.trainer import TRAINING_ARGS_NAME
+
+            os.makedirs(output_dir, exist_ok=True)
+            trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(output_dir)
+            if trainer.processing_class is not None:
+                trainer.processing_class.save_pretrained(output_dir)
+            torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+            save_card_facts(output_dir, trainer)
+        return
+    trainer._save(output_dir, state_dict=trainer.accelerator.get_state_dict(trainer.model))
 
 
 class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):

@@ -19,7 +19,7 @@ ones that would crash at some later step or be silently ignored:
 
 from __future__ import annotations
 
-from ..models.sequence_length import check_length_fits_encoder
+from ..models.encoding import check_length_fits_encoder
 from .sts_evaluation import STS_EVALUATOR_NAME
 
 # What `MoCoSETrainer.evaluate` scores (trainer/sts_evaluation.py), as `{prefix}_{name}`.
