@@ -265,7 +265,7 @@ def test_mtd_and_import_hf_mocose_need_neither_torch_nor_transformers():
     ({"MASTER_ADDR": "10.0.0.1"}, False),  # not started by accelerate launch
 ])
 def test_one_process_of_several_is_detected(env, refused):
-    from hf_mocose.training.launch import refuse_one_process_of_several
+    from hf_mocose.training.sharding import refuse_one_process_of_several
 
     if refused:
         with pytest.raises(ValueError, match="accelerate launch started ONE process although more were asked for"):

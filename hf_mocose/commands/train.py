@@ -31,16 +31,9 @@ from ..training.checkpoints import (
     remove_temporary_files,
     resolve_resume_checkpoint,
 )
-from ..training.launch import refuse_one_process_of_several
 from ..training.precision import AUTO, choose_auto_bf16
-from ..training.sharding import (
-    launch_sharding,
-    refuse_compiled_fgsm,
-    refuse_deepspeed_precision_mismatch,
-    refuse_unsupported_sharding,
-    refuse_zero3,
-)
-from .errors import run_command
+from ..training.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
+from .cli import run_command
 
 logger = logging.getLogger("hf_mocose.train")
 
@@ -115,26 +108,23 @@ class ScriptArguments:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}.")
 
 
-def _null_or(convert):
-    """`convert`, except that `null`/`none` (any case) give None, as `null` does in a YAML recipe."""
-
-    def parse(text: str):
-        return None if text.strip().lower() in ("null", "none") else convert(text)
-
-    parse.__name__ = f"{getattr(convert, '__name__', 'value')} (or null)"  # argparse names it in errors
-    return parse
-
-
 def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) -> None:
-    """Lets `--field null` reset an optional number whose default is not None (e.g. `--head_learning_rate
-    null` = the encoder's learning rate); argparse would otherwise refuse anything but a number."""
+    """Lets `--field null` (or `none`, as in a YAML recipe) reset an optional number whose default is not None
+    (e.g. `--head_learning_rate null` = the encoder's learning rate); argparse would refuse anything but a number."""
+    def null_or(convert):
+        def parse(text: str):
+            return None if text.strip().lower() in ("null", "none") else convert(text)
+
+        parse.__name__ = f"{convert.__name__} (or null)"  # argparse names it in errors
+        return parse
+
     optional = set()
     for cls in dataclass_types:
         hints = typing.get_type_hints(cls)
         optional |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
     for action in parser._actions:
         if action.dest in optional and action.type in (int, float):
-            action.type = _null_or(action.type)
+            action.type = null_or(action.type)
 
 
 def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
@@ -204,23 +194,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         if script_args.fraternal_model_name_or_path is None:
             raise ValueError("fraternal_column needs fraternal_model_name_or_path (the model that embeds that text).")
     return script_args, training_args
-
-
-def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
-    """Fails fast when `accelerate launch` (or `--fsdp`, `--deepspeed`) asks for a sharding the EMA target cannot
-    follow: FSDP1, ZeRO-3 (also from a DeepSpeed config file), DeepSpeed with bf16/fp16, or torch.compile + FGSM
-    under FSDP2 (FSDP2 is supported; see docs/distributed.md); and, for every method, ZeRO-3 (the model is built
-    from whole encoder weights) and a DeepSpeed precision that transformers would refuse after the model is built.
-
-    The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
-    launch environment is read before the model is built.
-    """
-    fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
-    if args.method == "mocose":
-        refuse_unsupported_sharding(f"method={args.method!r}", fsdp_version, zero_stage, mixed_precision)
-        refuse_compiled_fgsm(fsdp_version, getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
-    refuse_zero3(zero_stage)
-    refuse_deepspeed_precision_mismatch(zero_stage, mixed_precision, args)
 
 
 def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
@@ -296,17 +269,9 @@ def main(argv: list[str] | None = None) -> str:
     if script_args.export_sentence_transformers or args.push_to_hub:  # a bad export length fails now, not after training
         inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):
-        sentences = load_sentences(
-            script_args.train_file,
-            script_args.dataset_name,
-            script_args.dataset_config,
-            script_args.dataset_split,
-            script_args.text_column,
-            script_args.max_train_samples,
-            script_args.fraternal_column,
-            script_args.positive_column,
-            streaming=script_args.streaming,
-        )
+        sentences = load_sentences(**{name: getattr(script_args, name) for name in (
+            "train_file", "dataset_name", "dataset_config", "dataset_split", "text_column", "max_train_samples",
+            "fraternal_column", "positive_column", "streaming")})
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
         # the trainer describes the training data for the model card from it (training_data.json).
         train_dataset = tokenize_sentences(
@@ -346,7 +311,7 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """`main` for the command line: a settings mistake prints one line and returns 2 (`hf_mocose.commands.errors`)."""
+    """`main` for the command line: a settings mistake prints one line and returns 2 (`commands.cli.run_command`)."""
     return run_command("train.py", lambda: main(argv))
 
 
