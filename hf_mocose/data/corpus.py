@@ -1,13 +1,20 @@
-"""Training data: sentences from a file, a `datasets` dataset, or the built-in offline corpus, tokenised once."""
+"""Training data from source to batch: sentences from a file, a `datasets` dataset or the built-in offline corpus,
+tokenised once, then padded into batches with each anchor's UNA hard negative when asked for."""
 
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 
+import numpy as np
+import torch
 from datasets import Dataset, Features, IterableDataset, List, Value, load_dataset
+from transformers import DataCollatorWithPadding
 
 BUILTIN_PYTHON_DOCS = "builtin:python_docs"
+# Raw sentences the collator keeps beside the tokens for UNA (the anchors; given positives for its statistics).
+TEXT_COLUMNS = ("text", "positive_text")
 _EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -104,12 +111,9 @@ def load_sentences(
 
 
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
-    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left.
-
-    The check both doors run before any work: `scripts/train.py` (through `load_sentences`) and
-    `MoCoSETrainer(train_dataset=...)` with a `text` column. An `IterableDataset` is filtered as it
-    streams (its rows cannot be counted before training).
-    """
+    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left. Both doors run
+    it before any work: `scripts/train.py` (through `load_sentences`) and `MoCoSETrainer(train_dataset=...)` with a
+    `text` column. An `IterableDataset` is filtered as it streams (its rows cannot be counted before training)."""
     if isinstance(dataset, Dataset) and len(dataset) == 0:
         raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
     kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
@@ -121,13 +125,9 @@ def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Datas
 def tokenize_sentences(
     dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None, keep_text: bool = False
 ) -> Dataset:
-    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`);
-    over-long sentences are truncated.
-
-    Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
-    keeps the sentences (and given positives' text) beside the tokens: hard negatives are made from
-    the text, and UNA's TF-IDF statistics count both.
-    """
+    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`), truncating
+    over-long sentences; padding is left to the collator. `keep_text` keeps the sentences (and given positives'
+    text) beside the tokens: hard negatives are made from the text, and UNA's TF-IDF statistics count both."""
     def encode(batch):
         encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
         if "positive_text" in batch:  # given positives, tokenised the same way
@@ -135,7 +135,7 @@ def tokenize_sentences(
             encoded.update({f"positive_{name}": values for name, values in positives.items()})
         return encoded
 
-    removed = [] if keep_text else [c for c in ("text", "positive_text") if c in dataset.column_names]
+    removed = [] if keep_text else [c for c in TEXT_COLUMNS if c in dataset.column_names]
     if isinstance(dataset, Dataset):
         return dataset.map(encode, batched=True, remove_columns=removed, num_proc=num_proc, desc="Tokenizing")
     # An IterableDataset tokenises lazily, as it streams (no worker processes, no progress bar); its columns
@@ -146,7 +146,7 @@ def tokenize_sentences(
 def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
     """The features of `dataset` once tokenised by `encode`: the columns it keeps, plus the tokenizer's outputs
     (typed as `Dataset.map` infers them: int32 ids, int8 masks), found by tokenising one probe sentence."""
-    probe = encode({name: ["A probe sentence."] for name in ("text", "positive_text") if name in dataset.column_names})
+    probe = encode({name: ["A probe sentence."] for name in TEXT_COLUMNS if name in dataset.column_names})
     kept = {name: feature for name, feature in (dataset.features or {}).items() if name not in removed}
     tokens = {name: List(Value("int32" if name.endswith("input_ids") else "int8")) for name in probe}
     return Features({**kept, **tokens})
@@ -161,3 +161,42 @@ def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: in
         return {"fraternal_input_ids": encoded["input_ids"], "fraternal_attention_mask": encoded["attention_mask"]}
 
     return dataset.map(encode, batched=True, remove_columns=["fraternal_text"], desc="Tokenizing fraternal text")
+
+
+class ContrastiveCollator:
+    """Pads tokenised sentences into `(B, L)` batches; with a UNA augmenter, also each sentence's hard negative.
+
+    Features carry `input_ids`, `attention_mask` (...), given positives' `positive_input_ids` (...), padded apart,
+    IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to `max_length`, stacked as they
+    are), and `text` when hard negatives are on: those come out as `negative_input_ids`, `negative_attention_mask`
+    (...). Their draws are seeded by `seed` and the batch's own text, so they are the same in every dataloader
+    worker, after a resume, and on every rank. `pad_to_max_length` pads every batch to `max_length` (FGSM
+    "previous" needs fixed shapes); `una_augmenter` is a `hf_mocose.methods.una.UNAAugmenter`, or None.
+    """
+
+    def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.padding = "max_length" if pad_to_max_length else "longest"
+        self.padder = DataCollatorWithPadding(tokenizer, self.padding, max_length if pad_to_max_length else None)
+        self.una_augmenter, self.seed = una_augmenter, seed
+
+    def __call__(self, features: list[dict]) -> dict:
+        texts = [feature["text"] for feature in features] if "text" in features[0] else None
+        tokens = [k for k in features[0] if k not in TEXT_COLUMNS]
+        fixed = [k for k in tokens if k.startswith("fraternal_")]  # already padded to max_length
+        positive = [k for k in tokens if k.startswith("positive_")]  # padded on their own
+        own = [k for k in tokens if k not in fixed and k not in positive]
+        batch = self.padder([{k: f[k] for k in own} for f in features])
+        for name in fixed:
+            batch[name] = torch.tensor([feature[name] for feature in features])
+        if positive:
+            padded = self.padder([{k[len("positive_"):]: f[k] for k in positive} for f in features])
+            batch.update({f"positive_{name}": tensor for name, tensor in padded.items()})
+        if self.una_augmenter is not None:
+            if texts is None:
+                raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")
+            rng = np.random.default_rng([self.seed, zlib.crc32("\n".join(texts).encode())])
+            negatives = self.tokenizer(self.una_augmenter.augment(texts, rng=rng), truncation=True,
+                                       max_length=self.max_length, padding=self.padding, return_tensors="pt")
+            batch.update({f"negative_{name}": tensor for name, tensor in negatives.items()})
+        return batch

@@ -31,7 +31,7 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, Trainer
 
-from ..data.collator import ContrastiveCollator
+from ..data.corpus import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation
 from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import ema_decay_at
