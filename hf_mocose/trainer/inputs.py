@@ -30,7 +30,7 @@ from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
 from ..publishing.training_data_facts import describe_training_data
 from ..training.sharding import quiet_library_notices, refuse_one_process_of_several
-from .model_source import check_model_source
+from .checks import check_model_source
 
 logger = logging.getLogger(__name__)
 

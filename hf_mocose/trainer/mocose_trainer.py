@@ -45,7 +45,7 @@ from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs
 from .sharded_save import complete_sharded_save
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
-from .switches import check_trainer_switches
+from .checks import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
 OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # the name before both front ends shared one (0.1)
