@@ -40,9 +40,7 @@ class SweepRun:
     results: dict = field(default_factory=dict)
 
     def command(self, base: str, launcher: str, extra: list[str]) -> list[str]:
-        flags = []
-        for key, value in self.overrides.items():
-            flags += [f"--{key}", _flag_value(value)]
+        flags = [part for key, value in self.overrides.items() for part in (f"--{key}", _flag_value(value))]
         return [*shlex.split(launcher), "scripts/train.py", base, *flags, "--output_dir", str(self.output_dir), *extra]
 
 
@@ -59,8 +57,7 @@ def load_sweep(path: str | Path, output_root: str | Path) -> tuple[str, str, lis
     if not path.is_file():
         raise FileNotFoundError(f"Sweep file {str(path)!r} does not exist.")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"base", "name", "overrides", "runs", "grid"}
-    if unknown:
+    if unknown := set(spec) - {"base", "name", "overrides", "runs", "grid"}:
         raise ValueError(f"Unknown key(s) in {path}: {', '.join(sorted(unknown))} (expected base, name, overrides, runs|grid).")
     if "base" not in spec:
         raise ValueError(f"{path} needs a `base` recipe.")
@@ -91,11 +88,8 @@ def collect_results(run: SweepRun, senteval_dir: str | None, tasks: list[str] | 
                   *(["--tasks", *tasks] if tasks else [])])
         return json.loads(out.read_text())
     saved = run.output_dir / "eval_results.json"
-    if saved.is_file():
-        metrics = json.loads(saved.read_text())
-        if "eval_stsb_spearman" in metrics:
-            return {"stsb_dev": {"spearman": metrics["eval_stsb_spearman"]}}
-    return {}
+    metrics = json.loads(saved.read_text()) if saved.is_file() else {}
+    return {"stsb_dev": {"spearman": metrics["eval_stsb_spearman"]}} if "eval_stsb_spearman" in metrics else {}
 
 
 def results_table(runs: list[SweepRun]) -> str:

