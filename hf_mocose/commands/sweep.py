@@ -1,7 +1,6 @@
 """Ablation sweeps: a YAML grid -> a list of `accelerate launch` runs -> one results table.
 
-A sweep file names a base recipe, overrides shared by every run, and either a list of runs or a
-grid (cartesian product):
+A sweep file names a base recipe, overrides shared by every run, and a list of runs or a grid (cartesian product):
 
     base: training_args/mocose-bert-base.yaml
     name: table8-queue-slices
@@ -11,9 +10,8 @@ grid (cartesian product):
       - {name: "all"}
     # or: grid: {queue_size: [256, 512, 1024], per_device_train_batch_size: [32, 64]}
 
-`scripts/sweep.py` prints the commands (`--dry_run`) or runs them one after the other, then
-evaluates each final checkpoint (STS with `hf-mocose evaluate` when `--senteval_dir` is given;
-otherwise the STS-B dev score the run saved) and writes a Markdown table.
+`scripts/sweep.py` prints the commands (`--dry_run`) or runs them one after the other, then scores each final
+checkpoint (`hf-mocose evaluate` with `--senteval_dir`, else the STS-B dev score the run saved) in a Markdown table.
 """
 
 from __future__ import annotations

@@ -19,11 +19,8 @@ _EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "j
 
 
 def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
-    """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`).
-
-    A corpus present on any fresh install, for smoke runs and the offline quickstart. It is
-    technical prose, not a substitute for a real corpus such as SimCSE's wiki1m.
-    """
+    """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`): a corpus
+    on any fresh install, for smoke runs and the offline quickstart; technical prose, no substitute for wiki1m."""
     from pydoc_data.topics import topics
 
     text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
@@ -37,17 +34,10 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
     return sentences
 
 
-def load_sentences(
-    train_file: str | None = None,
-    dataset_name: str | None = None,
-    dataset_config: str | None = None,
-    dataset_split: str = "train",
-    text_column: str = "text",
-    max_train_samples: int | None = None,
-    fraternal_column: str | None = None,
-    positive_column: str | None = None,
-    streaming: bool = False,
-) -> Dataset | IterableDataset:
+def load_sentences(train_file: str | None = None, dataset_name: str | None = None, dataset_config: str | None = None,
+                   dataset_split: str = "train", text_column: str = "text", max_train_samples: int | None = None,
+                   fraternal_column: str | None = None, positive_column: str | None = None,
+                   streaming: bool = False) -> Dataset | IterableDataset:
     """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
 
     Args:
@@ -97,12 +87,9 @@ def load_sentences(
     for role, (column, name) in optional.items():
         if not column or streaming:
             continue
-        empty = [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]
-        if empty:
-            raise ValueError(
-                f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
-                f"(first: row {empty[0]}); every sentence needs one."
-            )
+        if empty := [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]:
+            raise ValueError(f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
+                             f"(first: row {empty[0]}); every sentence needs one.")
     if max_train_samples is not None and streaming:
         dataset = dataset.take(max_train_samples)
     elif max_train_samples is not None:
@@ -122,9 +109,8 @@ def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Datas
     return kept
 
 
-def tokenize_sentences(
-    dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None, keep_text: bool = False
-) -> Dataset:
+def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None,
+                       keep_text: bool = False) -> Dataset:
     """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`), truncating
     over-long sentences; padding is left to the collator. `keep_text` keeps the sentences (and given positives'
     text) beside the tokens: hard negatives are made from the text, and UNA's TF-IDF statistics count both."""

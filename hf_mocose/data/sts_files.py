@@ -8,11 +8,8 @@ Layout read (the SentEval ``data/downstream`` folder)::
     <dir>/STS/STSBenchmark/sts-{train,dev,test}.csv   genre TAB file TAB year TAB id TAB score TAB s1 TAB s2 [TAB ...]
     <dir>/SICK/SICK_{train,trial,test_annotated}.txt  pair_ID TAB s1 TAB s2 TAB relatedness TAB ... (header row)
 
-Every file is split on tabs by hand: the sentences contain unbalanced quote characters that a
-csv parser would swallow (this silently drops pairs from STS-B).
-
-A core module: the trainer reads STS-B dev with it (`stsb_dev_file`), and the SentEval evaluation
-(`hf_mocose.evaluation.sts`) builds its tasks on it.
+Every file is split on tabs by hand: its sentences hold unbalanced quotes that a csv parser would swallow (which
+silently drops pairs from STS-B). The trainer reads STS-B dev with it, and `hf_mocose.evaluation.sts` its tasks.
 """
 
 from __future__ import annotations
@@ -41,12 +38,9 @@ class StsPairs:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a text file without their line ends.
-
-    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c that occur
-    inside sentences, which would shift the input file against its gold file. Decodes UTF-8
-    (BOM dropped) and falls back to latin-1 for the older SentEval files.
-    """
+    """Lines of a text file without their line ends; UTF-8 (BOM dropped), else latin-1 (older SentEval files).
+    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c inside sentences, which would
+    shift the input file against its gold file."""
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8-sig")

@@ -19,19 +19,16 @@ AUGMENTATION_VIEWS = ("both", "online")
 
 
 class EmbeddingAugmentation:
-    """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch.
-
-    Never applied at evaluation time: `MoCoSEModel.embed` takes no augmentation.
+    """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch; never
+    applied at evaluation time (`MoCoSEModel.embed` takes none).
 
     Args:
-        shuffle: permute the token positions of each sentence ([CLS] and padding stay put),
-            i.e. the same as shuffling position ids.
+        shuffle: permute the token positions of each sentence ([CLS] and padding stay put), as shuffling position ids.
         token_cutoff: rate of whole token vectors zeroed (never [CLS] or padding).
         feature_cutoff: rate of embedding dimensions zeroed, the same dimensions for every token of a sentence.
         generator: optional `torch.Generator` for reproducible draws.
-        views: one of `AUGMENTATION_VIEWS`: `"both"` augments the online view and the key view (the
-            target, or SimCSE/IFCL's second dropout view), each with its own draw, as the reference code
-            does; `"online"` the online view only.
+        views: `"both"` augments the online view and the key view (the target, or SimCSE/IFCL's second dropout
+            view), each with its own draw, as the reference code does; `"online"` the online view only.
     """
 
     def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None,

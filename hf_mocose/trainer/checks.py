@@ -1,27 +1,16 @@
 """What is refused before any work, in one line: a model that cannot be loaded, and Trainer switches that cannot work.
 
-A model folder must hold whole weights. A Hub id is asked of the Hub once, with huggingface_hub's own
-metadata request for its `config.json` (`get_hf_file_metadata`, no retries), and its own errors say
-what is wrong: no network (a transport error, or `OfflineModeIsEnabled` with HF_HUB_OFFLINE=1), no
-such repo or a typo (`RepositoryNotFoundError`; the Hub answers the same for a private repo the token
-cannot see), a gated repo (`GatedRepoError`), a missing revision (`RevisionNotFoundError`) or a repo
-without `config.json` (`RemoteEntryNotFoundError`). Without this check `from_pretrained` would
-retry an unreachable Hub for ~25 s and end in a chain of tracebacks.
+A model folder must hold whole weights. A Hub id is asked of the Hub once, with huggingface_hub's own metadata
+request for its `config.json` (no retries), whose errors say what is wrong: no network, no such repo (or a
+private one), a gated repo, a missing revision, no `config.json`. Without this check `from_pretrained` would retry
+an unreachable Hub for ~25 s and end in a chain of tracebacks.
 
-Most of the Trainer's switches work with MoCoSE as they are (docs/trainer_switches.md has the table and the
-test of each). `check_trainer_switches`, called once from `MoCoSETrainer.__init__`, refuses the ones that would
-crash at some later step or be silently ignored:
-
-- `neftune_noise_alpha`: NEFTune's noise on the word embeddings regularises instruction fine-tuning of
-  generative models. MoCoSE perturbs those embeddings with FGSM (`fgsm_mode`, `fgsm_epsilon`); a second,
-  random perturbation of the shared table would also reach the target.
-- `label_smoothing_factor` > 0: the InfoNCE loss has no labels, so the Trainer would ignore it without a word.
-- `fp16` where the Trainer runs on the CPU: accelerate then trains in fp32, without autocast or loss
-  scaling, without a word (bf16 autocast does run on the CPU).
-- `max_seq_length` and `eval_max_seq_length` longer than the encoder's position limit: a tensor-size
-  error at the first step or evaluation otherwise.
-- `metric_for_best_model` naming a metric `evaluate()` never returns: transformers' KeyError at the
-  first evaluation otherwise.
+Most Trainer switches work with MoCoSE as they are (docs/trainer_switches.md has the table and the test of each);
+`check_trainer_switches` refuses those that would crash at some later step or be silently ignored: NEFTune (noise
+on the word embeddings, which MoCoSE perturbs with FGSM; it would also reach the target), label smoothing (InfoNCE
+has no labels), fp16 on the CPU (accelerate trains fp32 there, without a word), sequence lengths beyond the
+encoder's position limit (a tensor-size error later), a `metric_for_best_model` that `evaluate()` never returns
+(transformers' KeyError at the first evaluation).
 """
 
 from __future__ import annotations
