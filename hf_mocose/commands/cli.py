@@ -22,13 +22,9 @@ from pathlib import Path
 from typing import Callable
 
 # sub-command -> the module that registers it: `hf-mocose mtd` imports only the arithmetic it runs (no torch).
-COMMAND_OWNERS = {
-    "evaluate": "hf_mocose.evaluation.commands",
-    "diagnose": "hf_mocose.evaluation.commands",
-    "export": "hf_mocose.publishing.commands",
-    "push": "hf_mocose.publishing.commands",
-    "mtd": "hf_mocose.methods.mtd",
-}
+COMMAND_OWNERS = {"evaluate": "hf_mocose.evaluation.commands", "diagnose": "hf_mocose.evaluation.commands",
+                  "export": "hf_mocose.publishing.commands", "push": "hf_mocose.publishing.commands",
+                  "mtd": "hf_mocose.methods.mtd"}
 COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
 # OpenMP threads that have no work spin for a while before they sleep (GNU OpenMP's active wait). On a

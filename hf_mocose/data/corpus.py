@@ -61,10 +61,8 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
             raise FileNotFoundError(f"train_file {train_file!r} does not exist (or is not a file).")
         builder = _EXTENSION_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(
-                f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
-                f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}."
-            )
+            raise ValueError(f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
+                             f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}.")
         if path.stat().st_size == 0:
             raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
                              "(or rows with a text column).")

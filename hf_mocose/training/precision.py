@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -34,16 +35,12 @@ class AutocastState:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
 
-class _AutocastRecording:
-    state = AutocastState()
-
-
 @contextlib.contextmanager
-def recorded_autocast(module: nn.Module) -> Iterator[_AutocastRecording]:
+def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
     """While the block runs, records (in the yielded object's `state`) the autocast `module`'s forward runs under
     (a forward pre-hook). `module` is one the online model's `forward` calls (e.g. a `SentenceTransformer`'s first
     module), not the model itself: accelerate wraps the model's `forward`, and its hooks run outside it."""
-    recording = _AutocastRecording()
+    recording = SimpleNamespace(state=AutocastState())
 
     def hook(mod, args):
         parameter = next(mod.parameters(), None)

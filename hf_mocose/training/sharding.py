@@ -120,17 +120,13 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
     """Refuses the sharding the EMA target cannot follow, before any step. `owner` names what refuses
     ("method='mocose'", "MoCoSELoss"); `zero_stage` is None without DeepSpeed; `mixed_precision` is accelerate's
     name; `fsdp2_supported=False` for a front end that cannot run under FSDP2 either (`MoCoSELoss`)."""
-    if fsdp_version is not None and not (fsdp_version == 2 and fsdp2_supported):
-        if not fsdp2_supported:
-            raise ValueError(
-                f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the sharded "
-                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP, or shard "
-                "with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
-            )
-        raise ValueError(
-            f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot follow): "
-            f"use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP."
-        )
+    if fsdp_version is not None and not fsdp2_supported:
+        raise ValueError(f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the "
+                         "sharded model and fails on trainable weights outside it (the loss's online heads). Train "
+                         "with DDP, or shard with MoCoSETrainer, which supports FSDP2 (docs/distributed.md).")
+    if fsdp_version not in (None, 2):
+        raise ValueError(f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot "
+                         f"follow): use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP.")
     if zero_stage == ZERO_STAGE_UNKNOWN:
         raise ValueError(
             f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read (zero_optimization.stage), and "
