@@ -76,11 +76,9 @@ def refuse_sharded_launch(args) -> None:
             getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
     half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
     if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
-        raise ValueError(
-            f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) needs "
-            f"{half}: true in the training arguments, which transformers checks against DeepSpeed's config: add "
-            f"--{half} true, or launch with --mixed_precision no."
-        )
+        raise ValueError(f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) "
+                         f"needs {half}: true in the training arguments, which transformers checks against DeepSpeed's "
+                         f"config: add --{half} true, or launch with --mixed_precision no.")
 
 
 def configure_sharding(trainer, config) -> None:
@@ -101,18 +99,16 @@ def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_preci
         if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
             # With a compiled model FGSM looks the word embeddings up itself, before the model's forward, and
             # FSDP2 runs its sharded word-embedding unit only inside the root module's forward.
-            raise ValueError(
-                f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM would look up "
-                "the sharded word embeddings outside the root module's forward): set fgsm_mode off or torch_compile "
-                "false under FSDP2, or train the compiled FGSM run with DDP (configs/accelerate/ddp.yaml)."
-            )
+            raise ValueError(f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM "
+                             "would look up the sharded word embeddings outside the root module's forward): set "
+                             "fgsm_mode off or torch_compile false under FSDP2, or train the compiled FGSM run with "
+                             "DDP (configs/accelerate/ddp.yaml).")
     if zero_stage in (3, ZERO_STAGE_UNKNOWN):  # every method: the model is built by copying whole encoder weights
         stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
-        raise ValueError(
-            f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder partitioned "
-            "(empty tensors on every rank), and MoCoSEModel is built by copying the encoder's weights into its "
-            f"branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO stage 1 or 2."
-        )
+        raise ValueError(f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder "
+                         "partitioned (empty tensors on every rank), and MoCoSEModel is built by copying the encoder's "
+                         f"weights into its branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO "
+                         "stage 1 or 2.")
 
 
 def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
@@ -128,15 +124,12 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
         raise ValueError(f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot "
                          f"follow): use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP.")
     if zero_stage == ZERO_STAGE_UNKNOWN:
-        raise ValueError(
-            f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read (zero_optimization.stage), and "
-            f"ZeRO-3 is not supported: set the stage to 0, 1 or 2 explicitly, or shard with FSDP2 ({FSDP2_CONFIG})."
-        )
+        raise ValueError(f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read "
+                         "(zero_optimization.stage), and ZeRO-3 is not supported: set the stage to 0, 1 or 2 "
+                         f"explicitly, or shard with FSDP2 ({FSDP2_CONFIG}).")
     if zero_stage == 3:
-        raise ValueError(
-            f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target interpolates): "
-            f"shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP."
-        )
+        raise ValueError(f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target "
+                         f"interpolates): shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP.")
     if zero_stage is not None and mixed_precision in MIXED_PRECISIONS:
         half = "fp16" if mixed_precision == "fp16" else "bf16"  # fp8 runs on bf16 under DeepSpeed
         raise ValueError(
