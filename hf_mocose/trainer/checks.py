@@ -103,21 +103,16 @@ def check_trainer_switches(trainer) -> None:
     """Raises a one-line `ValueError` naming the first switch of `trainer.args` that cannot work (module docstring)."""
     args = trainer.args
     if args.neftune_noise_alpha is not None:
-        raise ValueError(
-            f"neftune_noise_alpha={args.neftune_noise_alpha!r} (NEFTune) is noise on the word embeddings for instruction "
-            "fine-tuning of generative models; MoCoSE perturbs those embeddings with FGSM instead (fgsm_mode, "
-            "fgsm_epsilon). Leave neftune_noise_alpha unset."
-        )
+        raise ValueError(f"neftune_noise_alpha={args.neftune_noise_alpha!r} (NEFTune) is noise on the word embeddings "
+                         "for instruction fine-tuning of generative models; MoCoSE perturbs those embeddings with FGSM "
+                         "instead (fgsm_mode, fgsm_epsilon). Leave neftune_noise_alpha unset.")
     if args.label_smoothing_factor:
-        raise ValueError(
-            f"label_smoothing_factor={args.label_smoothing_factor!r} smooths the labels of a classification loss; the "
-            "contrastive InfoNCE loss has none, so it would do nothing. Set label_smoothing_factor to 0."
-        )
+        raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor!r} smooths the labels of a "
+                         "classification loss; the contrastive InfoNCE loss has none, so it would do nothing. Set "
+                         "label_smoothing_factor to 0.")
     if args.fp16 and args.device.type == "cpu":  # accelerate ignores it there: no autocast, no grad scaler
-        raise ValueError(
-            "fp16=True does nothing when training on the CPU: accelerate runs fp32 there, without autocast or loss "
-            "scaling. Use bf16=True for mixed precision on the CPU, or train on a GPU."
-        )
+        raise ValueError("fp16=True does nothing when training on the CPU: accelerate runs fp32 there, without "
+                         "autocast or loss scaling. Use bf16=True for mixed precision on the CPU, or train on a GPU.")
     config, tokenizer = trainer.accelerator.unwrap_model(trainer.model).config, trainer.processing_class
     check_length_fits_encoder("max_seq_length", config.max_seq_length, config, tokenizer, "for training")
     if args.eval_max_seq_length is not None:
@@ -139,7 +134,6 @@ def check_metric_for_best_model(args, eval_dataset) -> None:
     prefixes = [f"eval_{name}" for name in eval_dataset] if isinstance(eval_dataset, dict) else ["eval"]
     produced = [f"{prefix}_{name}" for prefix in prefixes for name in STS_METRICS]
     if (metric if metric.startswith("eval_") else f"eval_{metric}") not in produced:
-        raise ValueError(
-            f"metric_for_best_model={metric!r} is never computed: MoCoSETrainer's evaluation returns "
-            f"{', '.join(produced)} (Spearman and Pearson x 100 on the STS pairs; the eval_ prefix may be left out)."
-        )
+        raise ValueError(f"metric_for_best_model={metric!r} is never computed: MoCoSETrainer's evaluation returns "
+                         f"{', '.join(produced)} (Spearman and Pearson x 100 on the STS pairs; the eval_ prefix may be "
+                         "left out).")
