@@ -76,9 +76,8 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text")}
     for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
         if column is not None and column not in dataset.column_names:
-            raise ValueError(
-                f"{role} {column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
-            )
+            raise ValueError(f"{role} {column!r} is not in the training data (columns: "
+                             f"{', '.join(dataset.column_names)}).")
     columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
     dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
     dataset = drop_blank_sentences(dataset, f"The training data ({train_file or dataset_name})")

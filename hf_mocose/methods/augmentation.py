@@ -99,9 +99,7 @@ def fraternal_word_vectors(model: nn.Module, hidden: int, name: str = "the frate
                          f"pretrained `{path}`")
             break
     if table.shape[1] != hidden:
-        raise ValueError(
-            f"fraternal_model_name_or_path {name!r} has {described}, but the encoder's hidden size is {hidden}: "
-            f"they must match to be fused position by position. Use a fraternal model of hidden size {hidden} "
-            f"(or an encoder of width {table.shape[1]})."
-        )
+        raise ValueError(f"fraternal_model_name_or_path {name!r} has {described}, but the encoder's hidden size is "
+                         f"{hidden}: they must match to be fused position by position. Use a fraternal model of hidden "
+                         f"size {hidden} (or an encoder of width {table.shape[1]}).")
     return table.float().contiguous()

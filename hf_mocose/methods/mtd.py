@@ -42,18 +42,14 @@ def check_target_reachable(target: float, global_batch_size: int, capacity: int,
         raise ValueError(f"target_mtd must be > 1 (1/(1-eta) >= 1 alone), got {target!r}.")
     low, high = min(decay_start, decay_end), max(decay_start, decay_end)
     if queue_size_for_distance(target, high, global_batch_size) < 0:
-        raise ValueError(
-            f"target_mtd={target} cannot be reached: at eta={high} the EMA alone gives "
-            f"1/(1-eta) = {max_traceable_distance(high, 0, global_batch_size):.2f} > target. Lower ema_decay_end or "
-            "raise target_mtd."
-        )
+        raise ValueError(f"target_mtd={target} cannot be reached: at eta={high} the EMA alone gives 1/(1-eta) = "
+                         f"{max_traceable_distance(high, 0, global_batch_size):.2f} > target. Lower ema_decay_end or "
+                         "raise target_mtd.")
     needed = queue_size_for_distance(target, low, global_batch_size)
     if needed > capacity:
-        raise ValueError(
-            f"target_mtd={target} needs {math.ceil(needed)} queue entries at eta={low} with global batch "
-            f"{global_batch_size}, but queue_size is {capacity}. Raise queue_size, raise ema_decay_start, or lower "
-            "the batch size or target_mtd."
-        )
+        raise ValueError(f"target_mtd={target} needs {math.ceil(needed)} queue entries at eta={low} with global batch "
+                         f"{global_batch_size}, but queue_size is {capacity}. Raise queue_size, raise ema_decay_start, "
+                         "or lower the batch size or target_mtd.")
 
 
 def active_queue_window(target: float, decay: float, global_batch_size: int, capacity: int) -> int:
