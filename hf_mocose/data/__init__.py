@@ -4,5 +4,5 @@
   and `ContrastiveCollator`, their batches (padding, UNA hard negatives, IFCL's fraternal text).
 - `sts_files`: readers for the SentEval STS12-16, STS Benchmark and SICK-R files (sentence pairs with gold scores).
 
-May import: nothing else from `hf_mocose` (datasets, torch and the standard library only).
+May import: nothing else from `hf_mocose` (datasets, transformers' collator, torch, numpy and the standard library).
 """

@@ -5,5 +5,6 @@
 - `una`: UNA's TF-IDF hard negatives (statistics and their cache, replacement probabilities, sampling).
 - `mtd`: MoCoSE's maximum traceable distance (d_trace), its planner and the `hf-mocose mtd` command.
 
-May import: nothing else from `hf_mocose` (torch, numpy and the standard library only); everything above builds on it.
+May import: nothing else from `hf_mocose` (torch, numpy, scipy and the standard library only); everything above
+builds on it.
 """
