@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import linecache
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -71,13 +71,10 @@ def is_user_error(err: BaseException) -> bool:
     expected = (ValueError, FileNotFoundError, NotADirectoryError, HubPushError)
     if not isinstance(err, expected) or err.__traceback__ is None:
         return False
-    tb = err.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    filename = tb.tb_frame.f_code.co_filename
-    path = Path(filename).resolve()
+    last = traceback.extract_tb(err.__traceback__)[-1]  # the frame that raised, with its source line
+    path = Path(last.filename).resolve()
     ours = _PACKAGE_DIR in path.parents or path.as_posix().endswith(_ARGUMENT_CHECKS)
-    return ours and linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise")
+    return ours and (last.line or "").startswith("raise")
 
 
 def run_command(prog: str, command: Callable[[], object]) -> int:
