@@ -25,12 +25,8 @@ from ..publishing.hub_publishing import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import (
-    LAST_CHECKPOINT_VALUES,
-    NO_CHECKPOINT_VALUES,
-    remove_temporary_files,
-    resolve_resume_checkpoint,
-)
+from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
+                                    resolve_resume_checkpoint)
 from ..training.precision import AUTO, choose_auto_bf16
 from ..training.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import run_command
@@ -189,10 +185,9 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     path = args.stsb_dev_file
     if path and not Path(path).is_file():
         if not args.skip_missing_stsb_dev:
-            raise FileNotFoundError(
-                f"stsb_dev_file {path!r} does not exist. Point it at SentEval's STS/STSBenchmark/sts-dev.csv, "
-                "or set --skip_missing_stsb_dev true to train without evaluation."
-            )
+            raise FileNotFoundError(f"stsb_dev_file {path!r} does not exist. Point it at SentEval's "
+                                    "STS/STSBenchmark/sts-dev.csv, or set --skip_missing_stsb_dev true to train without "
+                                    "evaluation.")
         logger.warning("No STS-B dev file at %s: training without STS-B evaluation.", path)
         path = None
     if path is None:
@@ -253,9 +248,8 @@ def main(argv: list[str] | None = None) -> str:
             "fraternal_column", "positive_column", "streaming")})
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
         # the trainer describes the training data for the model card from it (training_data.json).
-        train_dataset = tokenize_sentences(
-            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers, keep_text=True,
-        )
+        train_dataset = tokenize_sentences(sentences, tokenizer, model.config.max_seq_length,
+                                           script_args.preprocessing_num_workers, keep_text=True)
         if script_args.fraternal_column:
             fraternal_tokenizer = AutoTokenizer.from_pretrained(script_args.fraternal_model_name_or_path)
             train_dataset = tokenize_fraternal(train_dataset, fraternal_tokenizer, model.config.max_seq_length)
