@@ -186,8 +186,8 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     if path and not Path(path).is_file():
         if not args.skip_missing_stsb_dev:
             raise FileNotFoundError(f"stsb_dev_file {path!r} does not exist. Point it at SentEval's "
-                                    "STS/STSBenchmark/sts-dev.csv, or set --skip_missing_stsb_dev true to train without "
-                                    "evaluation.")
+                                    "STS/STSBenchmark/sts-dev.csv, or set --skip_missing_stsb_dev true to train "
+                                    "without evaluation.")
         logger.warning("No STS-B dev file at %s: training without STS-B evaluation.", path)
         path = None
     if path is None:
