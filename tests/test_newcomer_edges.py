@@ -139,7 +139,7 @@ def online_hub(monkeypatch, tmp_path):
     ("org/no-revision", {"revision": "v9"}, "the Hub repo has no revision 'v9'"),
 ])
 def test_unloadable_hub_id_says_which_case_in_one_request(online_hub, repo_id, location, words):
-    from hf_mocose.trainer.model_source import check_model_source
+    from hf_mocose.trainer.checks import check_model_source
 
     with pytest.raises(FileNotFoundError) as info:
         check_model_source(repo_id, location=location)
@@ -149,7 +149,7 @@ def test_unloadable_hub_id_says_which_case_in_one_request(online_hub, repo_id, l
 
 
 def test_reachable_hub_id_passes(online_hub):
-    from hf_mocose.trainer.model_source import check_model_source
+    from hf_mocose.trainer.checks import check_model_source
 
     check_model_source("org/exists")
     assert online_hub.requests == ["/org/exists/resolve/main/config.json"]
@@ -158,7 +158,7 @@ def test_reachable_hub_id_passes(online_hub):
 def test_no_network_is_named_and_cached_models_still_load(online_hub, monkeypatch, tmp_path):
     import huggingface_hub.constants as constants
 
-    from hf_mocose.trainer.model_source import check_model_source
+    from hf_mocose.trainer.checks import check_model_source
 
     online_hub.server.shutdown()
     online_hub.server.server_close()  # nothing listens there now: the connection is refused, as with no network
@@ -265,7 +265,7 @@ def test_mtd_and_import_hf_mocose_need_neither_torch_nor_transformers():
     ({"MASTER_ADDR": "10.0.0.1"}, False),  # not started by accelerate launch
 ])
 def test_one_process_of_several_is_detected(env, refused):
-    from hf_mocose.training.launch import refuse_one_process_of_several
+    from hf_mocose.training.sharding import refuse_one_process_of_several
 
     if refused:
         with pytest.raises(ValueError, match="accelerate launch started ONE process although more were asked for"):

@@ -267,7 +267,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("settings,message", [pytest.param(s, m, id=i) for i, s, m in REFUSED])
 def test_switch_is_refused_in_one_line_before_training(settings, message, tiny_encoder, tmp_path):
-    from hf_mocose.commands.errors import is_user_error
+    from hf_mocose.commands.cli import is_user_error
 
     if settings.get("stsb_dev_file"):
         settings = {**settings, "stsb_dev_file": sts_dev_file(tmp_path / "sts")}

@@ -1,4 +1,4 @@
-"""UNA statistics and augmentation (hf_mocose/methods/una.py, una_statistics.py): formulas, sampling, determinism, cache."""
+"""UNA statistics and augmentation (hf_mocose/methods/una.py): formulas, sampling, determinism, cache."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_cache_round_trip_and_fingerprint_invalidation(tmp_path, monkeypatch):
         raise AssertionError("the matching cache should have been reused")
 
     with monkeypatch.context() as m:
-        m.setattr(UNAStatistics, "_build", no_build)
+        m.setattr(UNAStatistics, "build", no_build)
         assert UNAStatistics.from_corpus(list(CORPUS), cache_dir=tmp_path).vocabulary == built.vocabulary
     # Another corpus (even a changed sentence boundary) has another fingerprint: rebuilt and re-cached.
     changed = ["the cat", "sat", *CORPUS[1:]]

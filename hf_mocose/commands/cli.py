@@ -1,8 +1,14 @@
-"""The `hf-mocose` command line: one entry point, one sub-command per feature module.
+"""The `hf-mocose` command line, and how every entry point reports a failure.
 
-Each feature module owns its own sub-commands through a `register(subparsers)` function, so
-this file only lists them. A settings mistake prints one line and exits with status 2; set
-HF_MOCOSE_DEBUG=1 for its traceback (see `hf_mocose.commands.errors`).
+Each feature module owns its sub-commands through a `register(subparsers)` function; this file only
+names them. A settings mistake prints one line and exits with status 2:
+
+    python scripts/train.py --per_device_train_batch_size 0 ...
+    train.py: error: per_device_train_batch_size must be >= 1, got 0. (HF_MOCOSE_DEBUG=1 shows the traceback)
+
+A settings mistake is a `ValueError`, `FileNotFoundError`, `NotADirectoryError` or `HubPushError` raised by a
+`raise` statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`. Anything else
+(a bug, a crash inside a library) keeps Python's traceback, and `HF_MOCOSE_DEBUG=1` shows every traceback.
 """
 
 from __future__ import annotations
@@ -11,40 +17,15 @@ import argparse
 import importlib
 import os
 import sys
-
-from .errors import run_command
-
-# module path -> what it adds; each module defines `register(subparsers)`.
-COMMAND_MODULES = (
-    "hf_mocose.evaluation.commands",  # evaluate, diagnose
-    "hf_mocose.publishing.commands",  # export, push
-    "hf_mocose.methods.mtd",  # mtd
-)
-
+import traceback
+from pathlib import Path
+from typing import Callable
 
 # sub-command -> the module that registers it: `hf-mocose mtd` imports only the arithmetic it runs (no torch).
-COMMAND_OWNERS = {
-    "evaluate": "hf_mocose.evaluation.commands",
-    "diagnose": "hf_mocose.evaluation.commands",
-    "export": "hf_mocose.publishing.commands",
-    "push": "hf_mocose.publishing.commands",
-    "mtd": "hf_mocose.methods.mtd",
-}
-
-
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The `hf-mocose` parser; for a known `command` only its own module is imported and registered (the
-    others import torch and transformers), otherwise all of them (`--help`, a mistyped command)."""
-    parser = argparse.ArgumentParser(
-        prog="hf-mocose",
-        description="Momentum-contrastive sentence embeddings on the Hugging Face stack.",
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    owner = COMMAND_OWNERS.get(command)
-    for module_name in [owner] if owner in COMMAND_MODULES else COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
-    return parser
-
+COMMAND_OWNERS = {"evaluate": "hf_mocose.evaluation.commands", "diagnose": "hf_mocose.evaluation.commands",
+                  "export": "hf_mocose.publishing.commands", "push": "hf_mocose.publishing.commands",
+                  "mtd": "hf_mocose.methods.mtd"}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
 # OpenMP threads that have no work spin for a while before they sleep (GNU OpenMP's active wait). On a
 # machine whose cores other processes also use, the spinning thread takes the core from the one doing the
@@ -52,6 +33,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 # 2.2x the wall time of a run that waits passively (docs/evaluation.md). Read when torch loads OpenMP, so set
 # before any sub-command imports torch; a value the user set is kept.
 OPENMP_WAIT_POLICY = "PASSIVE"
+
+DEBUG_ENV = "HF_MOCOSE_DEBUG"
+USAGE_EXIT_CODE = 2  # as argparse exits on a bad flag
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # hf_mocose/, whose raise statements speak to the user
+_ARGUMENT_CHECKS = ("transformers/training_args.py", "transformers/hf_argparser.py")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `hf-mocose` parser; for a known `command` only its own module is imported and registered (the
+    others import torch and transformers), otherwise all of them (`--help`, a mistyped command)."""
+    parser = argparse.ArgumentParser(
+        prog="hf-mocose", description="Momentum-contrastive sentence embeddings on the Hugging Face stack."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    owner = COMMAND_OWNERS.get(command)
+    for module_name in [owner] if owner in COMMAND_MODULES else COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +62,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return run_command(f"hf-mocose {args.command}", lambda: args.func(args))
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether `err` is a deliberate message about the user's settings or files (see the module docstring)."""
+    from ..publishing.hub import HubPushError
+
+    expected = (ValueError, FileNotFoundError, NotADirectoryError, HubPushError)
+    if not isinstance(err, expected) or err.__traceback__ is None:
+        return False
+    last = traceback.extract_tb(err.__traceback__)[-1]  # the frame that raised, with its source line
+    path = Path(last.filename).resolve()
+    ours = _PACKAGE_DIR in path.parents or path.as_posix().endswith(_ARGUMENT_CHECKS)
+    return ours and (last.line or "").startswith("raise")
+
+
+def run_command(prog: str, command: Callable[[], object]) -> int:
+    """Runs an entry point and returns its exit status: a settings mistake is printed as one line on stderr
+    (status 2); anything else, or any error under `HF_MOCOSE_DEBUG=1`, propagates with its traceback. An int
+    result is the status, any other result means success (0)."""
+    try:
+        result = command()
+    except Exception as err:
+        debug = os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        if debug or not is_user_error(err):
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

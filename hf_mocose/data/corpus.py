@@ -1,22 +1,26 @@
-"""Training data: sentences from a file, a `datasets` dataset, or the built-in offline corpus, tokenised once."""
+"""Training data from source to batch: sentences from a file, a `datasets` dataset or the built-in offline corpus,
+tokenised once, then padded into batches with each anchor's UNA hard negative when asked for."""
 
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 
+import numpy as np
+import torch
 from datasets import Dataset, Features, IterableDataset, List, Value, load_dataset
+from transformers import DataCollatorWithPadding
 
 BUILTIN_PYTHON_DOCS = "builtin:python_docs"
+# Raw sentences the collator keeps beside the tokens for UNA (the anchors; given positives for its statistics).
+TEXT_COLUMNS = ("text", "positive_text")
 _EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
-    """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`).
-
-    A corpus present on any fresh install, for smoke runs and the offline quickstart. It is
-    technical prose, not a substitute for a real corpus such as SimCSE's wiki1m.
-    """
+    """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`): a corpus
+    on any fresh install, for smoke runs and the offline quickstart; technical prose, no substitute for wiki1m."""
     from pydoc_data.topics import topics
 
     text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
@@ -30,17 +34,10 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
     return sentences
 
 
-def load_sentences(
-    train_file: str | None = None,
-    dataset_name: str | None = None,
-    dataset_config: str | None = None,
-    dataset_split: str = "train",
-    text_column: str = "text",
-    max_train_samples: int | None = None,
-    fraternal_column: str | None = None,
-    positive_column: str | None = None,
-    streaming: bool = False,
-) -> Dataset | IterableDataset:
+def load_sentences(train_file: str | None = None, dataset_name: str | None = None, dataset_config: str | None = None,
+                   dataset_split: str = "train", text_column: str = "text", max_train_samples: int | None = None,
+                   fraternal_column: str | None = None, positive_column: str | None = None,
+                   streaming: bool = False) -> Dataset | IterableDataset:
     """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
 
     Args:
@@ -64,10 +61,8 @@ def load_sentences(
             raise FileNotFoundError(f"train_file {train_file!r} does not exist (or is not a file).")
         builder = _EXTENSION_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(
-                f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
-                f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}."
-            )
+            raise ValueError(f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
+                             f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}.")
         if path.stat().st_size == 0:
             raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
                              "(or rows with a text column).")
@@ -81,21 +76,17 @@ def load_sentences(
     optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text")}
     for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
         if column is not None and column not in dataset.column_names:
-            raise ValueError(
-                f"{role} {column!r} is not in the training data (columns: {', '.join(dataset.column_names)})."
-            )
+            raise ValueError(f"{role} {column!r} is not in the training data (columns: "
+                             f"{', '.join(dataset.column_names)}).")
     columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
     dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
     dataset = drop_blank_sentences(dataset, f"The training data ({train_file or dataset_name})")
     for role, (column, name) in optional.items():
         if not column or streaming:
             continue
-        empty = [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]
-        if empty:
-            raise ValueError(
-                f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
-                f"(first: row {empty[0]}); every sentence needs one."
-            )
+        if empty := [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]:
+            raise ValueError(f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
+                             f"(first: row {empty[0]}); every sentence needs one.")
     if max_train_samples is not None and streaming:
         dataset = dataset.take(max_train_samples)
     elif max_train_samples is not None:
@@ -104,12 +95,9 @@ def load_sentences(
 
 
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
-    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left.
-
-    The check both doors run before any work: `scripts/train.py` (through `load_sentences`) and
-    `MoCoSETrainer(train_dataset=...)` with a `text` column. An `IterableDataset` is filtered as it
-    streams (its rows cannot be counted before training).
-    """
+    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left. Both doors run
+    it before any work: `scripts/train.py` (through `load_sentences`) and `MoCoSETrainer(train_dataset=...)` with a
+    `text` column. An `IterableDataset` is filtered as it streams (its rows cannot be counted before training)."""
     if isinstance(dataset, Dataset) and len(dataset) == 0:
         raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
     kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
@@ -118,16 +106,11 @@ def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Datas
     return kept
 
 
-def tokenize_sentences(
-    dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None, keep_text: bool = False
-) -> Dataset:
-    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`);
-    over-long sentences are truncated.
-
-    Padding is left to the collator (dynamic, or fixed length for FGSM "previous"). `keep_text`
-    keeps the sentences (and given positives' text) beside the tokens: hard negatives are made from
-    the text, and UNA's TF-IDF statistics count both.
-    """
+def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None,
+                       keep_text: bool = False) -> Dataset:
+    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`), truncating
+    over-long sentences; padding is left to the collator. `keep_text` keeps the sentences (and given positives'
+    text) beside the tokens: hard negatives are made from the text, and UNA's TF-IDF statistics count both."""
     def encode(batch):
         encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
         if "positive_text" in batch:  # given positives, tokenised the same way
@@ -135,7 +118,7 @@ def tokenize_sentences(
             encoded.update({f"positive_{name}": values for name, values in positives.items()})
         return encoded
 
-    removed = [] if keep_text else [c for c in ("text", "positive_text") if c in dataset.column_names]
+    removed = [] if keep_text else [c for c in TEXT_COLUMNS if c in dataset.column_names]
     if isinstance(dataset, Dataset):
         return dataset.map(encode, batched=True, remove_columns=removed, num_proc=num_proc, desc="Tokenizing")
     # An IterableDataset tokenises lazily, as it streams (no worker processes, no progress bar); its columns
@@ -146,7 +129,7 @@ def tokenize_sentences(
 def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
     """The features of `dataset` once tokenised by `encode`: the columns it keeps, plus the tokenizer's outputs
     (typed as `Dataset.map` infers them: int32 ids, int8 masks), found by tokenising one probe sentence."""
-    probe = encode({name: ["A probe sentence."] for name in ("text", "positive_text") if name in dataset.column_names})
+    probe = encode({name: ["A probe sentence."] for name in TEXT_COLUMNS if name in dataset.column_names})
     kept = {name: feature for name, feature in (dataset.features or {}).items() if name not in removed}
     tokens = {name: List(Value("int32" if name.endswith("input_ids") else "int8")) for name in probe}
     return Features({**kept, **tokens})
@@ -161,3 +144,42 @@ def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: in
         return {"fraternal_input_ids": encoded["input_ids"], "fraternal_attention_mask": encoded["attention_mask"]}
 
     return dataset.map(encode, batched=True, remove_columns=["fraternal_text"], desc="Tokenizing fraternal text")
+
+
+class ContrastiveCollator:
+    """Pads tokenised sentences into `(B, L)` batches; with a UNA augmenter, also each sentence's hard negative.
+
+    Features carry `input_ids`, `attention_mask` (...), given positives' `positive_input_ids` (...), padded apart,
+    IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to `max_length`, stacked as they
+    are), and `text` when hard negatives are on: those come out as `negative_input_ids`, `negative_attention_mask`
+    (...). Their draws are seeded by `seed` and the batch's own text, so they are the same in every dataloader
+    worker, after a resume, and on every rank. `pad_to_max_length` pads every batch to `max_length` (FGSM
+    "previous" needs fixed shapes); `una_augmenter` is a `hf_mocose.methods.una.UNAAugmenter`, or None.
+    """
+
+    def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.padding = "max_length" if pad_to_max_length else "longest"
+        self.padder = DataCollatorWithPadding(tokenizer, self.padding, max_length if pad_to_max_length else None)
+        self.una_augmenter, self.seed = una_augmenter, seed
+
+    def __call__(self, features: list[dict]) -> dict:
+        texts = [feature["text"] for feature in features] if "text" in features[0] else None
+        tokens = [k for k in features[0] if k not in TEXT_COLUMNS]
+        fixed = [k for k in tokens if k.startswith("fraternal_")]  # already padded to max_length
+        positive = [k for k in tokens if k.startswith("positive_")]  # padded on their own
+        own = [k for k in tokens if k not in fixed and k not in positive]
+        batch = self.padder([{k: f[k] for k in own} for f in features])
+        for name in fixed:
+            batch[name] = torch.tensor([feature[name] for feature in features])
+        if positive:
+            padded = self.padder([{k[len("positive_"):]: f[k] for k in positive} for f in features])
+            batch.update({f"positive_{name}": tensor for name, tensor in padded.items()})
+        if self.una_augmenter is not None:
+            if texts is None:
+                raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")
+            rng = np.random.default_rng([self.seed, zlib.crc32("\n".join(texts).encode())])
+            negatives = self.tokenizer(self.una_augmenter.augment(texts, rng=rng), truncation=True,
+                                       max_length=self.max_length, padding=self.padding, return_tensors="pt")
+            batch.update({f"negative_{name}": tensor for name, tensor in negatives.items()})
+        return batch

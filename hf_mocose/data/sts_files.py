@@ -8,11 +8,8 @@ Layout read (the SentEval ``data/downstream`` folder)::
     <dir>/STS/STSBenchmark/sts-{train,dev,test}.csv   genre TAB file TAB year TAB id TAB score TAB s1 TAB s2 [TAB ...]
     <dir>/SICK/SICK_{train,trial,test_annotated}.txt  pair_ID TAB s1 TAB s2 TAB relatedness TAB ... (header row)
 
-Every file is split on tabs by hand: the sentences contain unbalanced quote characters that a
-csv parser would swallow (this silently drops pairs from STS-B).
-
-A core module: the trainer reads STS-B dev with it (`stsb_dev_file`), and the SentEval evaluation
-(`hf_mocose.evaluation.sts`, which re-exports these names) builds its tasks on it.
+Every file is split on tabs by hand: its sentences hold unbalanced quotes that a csv parser would swallow (which
+silently drops pairs from STS-B). The trainer reads STS-B dev with it, and `hf_mocose.evaluation.sts` its tasks.
 """
 
 from __future__ import annotations
@@ -41,12 +38,9 @@ class StsPairs:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a text file without their line ends.
-
-    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c that occur
-    inside sentences, which would shift the input file against its gold file. Decodes UTF-8
-    (BOM dropped) and falls back to latin-1 for the older SentEval files.
-    """
+    """Lines of a text file without their line ends; UTF-8 (BOM dropped), else latin-1 (older SentEval files).
+    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c inside sentences, which would
+    shift the input file against its gold file."""
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -85,42 +79,26 @@ def read_sts_year_set(input_path: str | Path, gold_path: str | Path, name: str =
 
 def read_sts_benchmark(path: str | Path) -> StsPairs:
     """One STS-B file ``sts-{train,dev,test}.csv``: score in column 5, sentences in columns 6 and 7 (1-based)."""
-    path = require_senteval_file(Path(path))
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        cols = line.split("\t")  # never csv: sentences carry stray quotes
-        if len(cols) < 7:
-            raise ValueError(f"{path}:{lineno}: expected at least 7 tab-separated columns, got {len(cols)}")
-        scores.append(float(cols[4]))
-        s1.append(cols[5])
-        s2.append(cols[6])
-    return StsPairs(s1, s2, scores, name=path.stem, source=[str(path)])
+    return _read_pairs(path, score=4, first=5)
 
 
 def read_sick(path: str | Path) -> StsPairs:
     """One SICK file: ``pair_ID, sentence_A, sentence_B, relatedness_score, ...`` with a header row."""
+    return _read_pairs(path, score=3, first=1, header="pair_id")
+
+
+def _read_pairs(path: str | Path, score: int, first: int, header: str | None = None) -> StsPairs:
+    """Tab-separated rows: the score in column `score`, the sentences in columns `first` and `first + 1` (0-based)."""
     path = require_senteval_file(Path(path))
+    needed = max(score, first + 1) + 1
     s1, s2, scores = [], [], []
     for lineno, line in enumerate(read_lines(path), start=1):
-        cols = line.split("\t")
-        if not line.strip() or (lineno == 1 and cols[0].strip().lower() == "pair_id"):
+        cols = line.split("\t")  # never csv: sentences carry stray quotes
+        if not line.strip() or (lineno == 1 and header and cols[0].strip().lower() == header):
             continue
-        if len(cols) < 4:
-            raise ValueError(f"{path}:{lineno}: expected at least 4 tab-separated columns, got {len(cols)}")
-        s1.append(cols[1])
-        s2.append(cols[2])
-        scores.append(float(cols[3]))
+        if len(cols) < needed:
+            raise ValueError(f"{path}:{lineno}: expected at least {needed} tab-separated columns, got {len(cols)}")
+        scores.append(float(cols[score]))
+        s1.append(cols[first])
+        s2.append(cols[first + 1])
     return StsPairs(s1, s2, scores, name=path.stem, source=[str(path)])
-
-
-__all__ = [
-    "LAYOUT_HELP",
-    "StsPairs",
-    "read_lines",
-    "read_sick",
-    "read_sts_benchmark",
-    "read_sts_year_set",
-    "require_senteval_file",
-]

@@ -1,29 +1,34 @@
-"""Augmentations on the training views' word embeddings (MoCoSE Table 5): token shuffle, token and feature cutoff.
+"""What the training views' word embeddings are made of besides the encoder's own: MoCoSE Table 5's augmentations
+(token shuffle, token and feature cutoff; FGSM, the adversarial one, is part of the step in `models.objective`),
+and IFCL's fraternal word vectors (another model's tokens, fused with the anchor's in the fraternal view).
 
-FGSM, the adversarial one, is part of the training step (`hf_mocose.models.objective`).
+Fraternal width: the fusion adds, position by position, the fraternal model's word vectors to the anchor's
+(`MoCoSEModel._fraternal_view`), so each needs the anchor encoder's hidden size H. Models with *factorised*
+embeddings (ALBERT, ELECTRA-small...) keep a narrow table (width E) and lift it to their hidden size with a
+pretrained Linear before their first layer; their vectors are taken after that lift (W e + b, without their
+position/token-type embeddings and LayerNorm, which the anchor's own embedding layer adds after the fusion).
+No new, untrained map is introduced: a width that still differs from H is refused before training.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 AUGMENTATION_VIEWS = ("both", "online")
 
 
 class EmbeddingAugmentation:
-    """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch.
-
-    Never applied at evaluation time: `MoCoSEModel.embed` takes no augmentation.
+    """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch; never
+    applied at evaluation time (`MoCoSEModel.embed` takes none).
 
     Args:
-        shuffle: permute the token positions of each sentence ([CLS] and padding stay put),
-            i.e. the same as shuffling position ids.
+        shuffle: permute the token positions of each sentence ([CLS] and padding stay put), as shuffling position ids.
         token_cutoff: rate of whole token vectors zeroed (never [CLS] or padding).
         feature_cutoff: rate of embedding dimensions zeroed, the same dimensions for every token of a sentence.
         generator: optional `torch.Generator` for reproducible draws.
-        views: one of `AUGMENTATION_VIEWS`: `"both"` augments the online view and the key view (the
-            target, or SimCSE/IFCL's second dropout view), each with its own draw, as the reference code
-            does; `"online"` the online view only.
+        views: `"both"` augments the online view and the key view (the target, or SimCSE/IFCL's second dropout
+            view), each with its own draw, as the reference code does; `"online"` the online view only.
     """
 
     def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None,
@@ -69,3 +74,32 @@ class EmbeddingAugmentation:
             drop = self._rand(batch, 1, hidden, device=device) < self.feature_cutoff
             embeddings = embeddings.masked_fill(drop, 0.0)
         return embeddings
+
+
+# Where encoders with factorised word embeddings keep the Linear(E, hidden) that lifts them: ALBERT, ELECTRA.
+EMBEDDING_LIFTS = ("encoder.embedding_hidden_mapping_in", "embeddings_project")
+
+
+@torch.no_grad()
+def fraternal_word_vectors(model: nn.Module, hidden: int, name: str = "the fraternal model") -> torch.Tensor:
+    """The `(V, hidden)` word vectors of `model` (the fraternal `AutoModel`, a vocabulary of V tokens) for the
+    fraternal view; `hidden` is H, the anchor encoder's hidden size; `name` names the model in errors.
+
+    Raises:
+        ValueError: the model's word vectors, lifted when its embeddings are factorised, are not H wide.
+    """
+    table = model.get_input_embeddings().weight.detach()
+    width = table.shape[1]
+    described = f"embedding width {width}"
+    modules = dict(model.named_modules())
+    for path in EMBEDDING_LIFTS:
+        if isinstance(lift := modules.get(path), nn.Linear) and lift.in_features == width:
+            table = lift(table)
+            described = (f"factorised word embeddings of width {width}, lifted to width {table.shape[1]} by its own "
+                         f"pretrained `{path}`")
+            break
+    if table.shape[1] != hidden:
+        raise ValueError(f"fraternal_model_name_or_path {name!r} has {described}, but the encoder's hidden size is "
+                         f"{hidden}: they must match to be fused position by position. Use a fraternal model of hidden "
+                         f"size {hidden} (or an encoder of width {table.shape[1]}).")
+    return table.float().contiguous()

@@ -2,13 +2,10 @@ r"""Maximum traceable distance (MoCoSE §5): how far back in training the negati
 
     d_trace = 1 / (1 - eta) + K / B
 
-with eta the EMA decay (how many steps the target "remembers"), K the number of queue entries in
-use and B the global batch per optimizer step (how many steps the oldest key is old). The paper
-finds STS best near d_trace ~ 14.67 (BERT-base) and ~ 22 (BERT-large).
-
-This module computes it, plans (eta, K) pairs for a target distance, and gives the trainer the
-active queue window that holds d_trace at a target while eta follows its schedule
-(`target_mtd`), and the `hf-mocose mtd` command.
+with eta the EMA decay (how many steps the target "remembers"), K the number of queue entries in use and B the
+global batch per optimizer step (K / B: how many steps the oldest key is old). The paper finds STS best near
+d_trace ~ 14.67 (BERT-base) and ~ 22 (BERT-large). Here: d_trace, (eta, K) plans for a target, the queue window
+that holds a target while eta follows its schedule (`target_mtd`), and the `hf-mocose mtd` command.
 """
 
 from __future__ import annotations
@@ -34,13 +31,9 @@ def queue_size_for_distance(target: float, decay: float, global_batch_size: int)
 
 def plan(target: float, global_batch_size: int, decays=DEFAULT_PLAN_DECAYS, max_queue_size: int | None = None):
     """(eta, K, d_trace) triples that hit `target` with batch B: K rounded to whole keys, K >= 0 (<= max)."""
-    rows = []
-    for decay in decays:
-        size = round(queue_size_for_distance(target, decay, global_batch_size))
-        if size < 0 or (max_queue_size is not None and size > max_queue_size):
-            continue
-        rows.append((decay, size, max_traceable_distance(decay, size, global_batch_size)))
-    return rows
+    sizes = [(decay, round(queue_size_for_distance(target, decay, global_batch_size))) for decay in decays]
+    return [(decay, size, max_traceable_distance(decay, size, global_batch_size)) for decay, size in sizes
+            if size >= 0 and (max_queue_size is None or size <= max_queue_size)]
 
 
 def check_target_reachable(target: float, global_batch_size: int, capacity: int, decay_start: float, decay_end: float):
@@ -49,18 +42,14 @@ def check_target_reachable(target: float, global_batch_size: int, capacity: int,
         raise ValueError(f"target_mtd must be > 1 (1/(1-eta) >= 1 alone), got {target!r}.")
     low, high = min(decay_start, decay_end), max(decay_start, decay_end)
     if queue_size_for_distance(target, high, global_batch_size) < 0:
-        raise ValueError(
-            f"target_mtd={target} cannot be reached: at eta={high} the EMA alone gives "
-            f"1/(1-eta) = {max_traceable_distance(high, 0, global_batch_size):.2f} > target. Lower ema_decay_end or "
-            "raise target_mtd."
-        )
+        raise ValueError(f"target_mtd={target} cannot be reached: at eta={high} the EMA alone gives 1/(1-eta) = "
+                         f"{max_traceable_distance(high, 0, global_batch_size):.2f} > target. Lower ema_decay_end or "
+                         "raise target_mtd.")
     needed = queue_size_for_distance(target, low, global_batch_size)
     if needed > capacity:
-        raise ValueError(
-            f"target_mtd={target} needs {math.ceil(needed)} queue entries at eta={low} with global batch "
-            f"{global_batch_size}, but queue_size is {capacity}. Raise queue_size, raise ema_decay_start, or lower "
-            "the batch size or target_mtd."
-        )
+        raise ValueError(f"target_mtd={target} needs {math.ceil(needed)} queue entries at eta={low} with global batch "
+                         f"{global_batch_size}, but queue_size is {capacity}. Raise queue_size, raise ema_decay_start, "
+                         "or lower the batch size or target_mtd.")
 
 
 def active_queue_window(target: float, decay: float, global_batch_size: int, capacity: int) -> int:
@@ -68,14 +57,11 @@ def active_queue_window(target: float, decay: float, global_batch_size: int, cap
     return int(min(max(round(queue_size_for_distance(target, decay, global_batch_size)), 0), capacity))
 
 
-# ----------------------------------------------------------------------------- command line
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "mtd",
-        help="maximum traceable distance: compute it for a config, or plan (eta, K) pairs for a target",
+        "mtd", help="maximum traceable distance: compute it for a config, or plan (eta, K) pairs for a target",
         description="d_trace = 1/(1-eta) + K/B. With --decay and --queue_size: print d_trace. "
-        "With --target: list (eta, K) pairs that hit it for the batch size.",
-    )
+        "With --target: list (eta, K) pairs that hit it for the batch size.")
     parser.add_argument("--batch_size", type=int, required=True, help="global batch size B per optimizer step")
     parser.add_argument("--decay", type=float, help="EMA decay eta (e.g. ema_decay_end)")
     parser.add_argument("--queue_size", type=int, help="queue entries in use K")

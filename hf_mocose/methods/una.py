@@ -1,11 +1,10 @@
 """UNA: unsupervised hard negative augmentation by TF-IDF word replacement (Shu et al.).
 
-A sentence's UNA negative replaces its most informative (highest TF-IDF) words by other
-words of similar corpus-level importance, so it looks like the anchor but means something
-else. The statistics are built once per training corpus (one document per sentence) and
-kept in O(V) arrays (`hf_mocose.methods.una_statistics`, re-exported here); this module holds the
-settings, the replacement probabilities and the sampling. See `docs/una.md` for the formulas and
-the choices made here.
+A sentence's UNA negative replaces its most informative (highest TF-IDF) words by other words of
+similar corpus-level importance, so it looks like the anchor but means something else.
+`UNAStatistics` holds, per vocabulary word, its idf and its largest tf-idf score over the corpus (one
+document per sentence) in O(V) arrays, built once and cached keyed by a fingerprint of the corpus;
+`UNAAugmenter` draws the replacements. `docs/una.md` has the formulas and the choices made here.
 
     stats = UNAStatistics.from_corpus(sentences, cache_dir="una_cache")
     augmenter = UNAAugmenter(stats, alpha=0.5, window=4000, seed=0)
@@ -14,30 +13,206 @@ the choices made here.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
+import logging
 import math
+import os
 import re
+import tempfile
 from numbers import Integral, Real
-from typing import Sequence
+from pathlib import Path
+from typing import Iterable, Sequence
 
 import numpy as np
+import scipy.sparse as sp
 
-from .una_statistics import TOKEN_PATTERN, TOKEN_RE, UNAStatistics, corpus_fingerprint, tokenize
-
-__all__ = [
-    "DEFAULT_UNA_ALPHA", "DEFAULT_UNA_WINDOW", "DEFAULT_UNA_FREQUENCY", "TOKEN_PATTERN",
-    "tokenize", "corpus_fingerprint", "replacement_probabilities", "resolve_window",
-    "validate_una_alpha", "validate_una_window", "validate_una_frequency",
-    "UNAStatistics", "UNAAugmenter",
-]
+logger = logging.getLogger(__name__)
 
 DEFAULT_UNA_ALPHA = 0.5
 DEFAULT_UNA_WINDOW = 4000
 DEFAULT_UNA_FREQUENCY = 5
-
+#: Word runs or single non-space symbols; each match is lowercased to give a token.
+TOKEN_PATTERN = r"\w+|[^\w\s]"
+TOKEN_RE = re.compile(TOKEN_PATTERN)
 _WORD_CHAR = re.compile(r"\w")
+# Bumped whenever tokenisation or the statistics change, so old caches are rebuilt.
+_FORMAT_VERSION = 1
+_STATS_FILE = "una_stats.npz"
+_VOCAB_FILE = "una_vocab.json"
 
 
-# --------------------------------------------------------------------------- validation
+def tokenize(sentence: str) -> list[str]:
+    """`TOKEN_PATTERN`'s matches, lowercased after matching: `UNAAugmenter.augment` rebuilds the sentence from
+    the same spans of the original text (for ordinary text, matching `sentence.lower()` agrees)."""
+    return [t.lower() for t in TOKEN_RE.findall(sentence)]
+
+
+def corpus_fingerprint(sentences: Iterable[str]) -> str:
+    """sha256 of the sentences (length-prefixed, so boundaries matter) and the format version."""
+    digest = hashlib.sha256(f"una-v{_FORMAT_VERSION}|{TOKEN_PATTERN}|".encode())
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"corpus sentence {i} is a {type(sentence).__name__}, not a str")
+        data = sentence.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+class UNAStatistics:
+    """Corpus TF-IDF statistics for UNA, all O(V) arrays indexed by vocabulary id.
+
+    Attributes:
+        vocabulary: words by id (first-appearance order in the corpus).
+        idf: ln(N / df(w)).
+        max_score: M(w), the largest tf-idf score of w over the corpus.
+        n_documents: N, the number of sentences (empty ones included).
+        fingerprint: `corpus_fingerprint` of the corpus, or None.
+        order / rank: ids sorted by ascending M (ties by id) and each id's position there.
+        cumulative: `[0, cumsum(M[order])]`, so the M-mass of a rank window is two lookups.
+    """
+
+    def __init__(self, vocabulary: Sequence[str], idf: np.ndarray, max_score: np.ndarray,
+                 n_documents: int, fingerprint: str | None = None):
+        self.vocabulary = list(vocabulary)
+        self.idf = np.ascontiguousarray(idf, dtype=np.float64)
+        self.max_score = np.ascontiguousarray(max_score, dtype=np.float64)
+        size = len(self.vocabulary)
+        if size == 0 or self.idf.shape != (size,) or self.max_score.shape != (size,):
+            raise ValueError(f"need a non-empty vocabulary ({size} words) and idf {self.idf.shape} and "
+                             f"max_score {self.max_score.shape} of shape ({size},)")
+        if n_documents < 1:
+            raise ValueError(f"n_documents must be >= 1, got {n_documents!r}")
+        self.n_documents = int(n_documents)
+        self.fingerprint = fingerprint
+        self.word_to_id = {word: i for i, word in enumerate(self.vocabulary)}
+        if len(self.word_to_id) != size:
+            raise ValueError("the UNA vocabulary contains duplicate words")
+        self.order = np.argsort(self.max_score, kind="stable")
+        self.rank = np.empty(size, dtype=np.int64)
+        self.rank[self.order] = np.arange(size)
+        self.sorted_max_score = self.max_score[self.order]
+        self.cumulative = np.concatenate(([0.0], np.cumsum(self.sorted_max_score)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocabulary)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the numpy arrays (the vocabulary strings and dict not counted)."""
+        return sum(a.nbytes for a in (self.idf, self.max_score, self.order, self.rank, self.sorted_max_score,
+                                      self.cumulative))
+
+    @classmethod
+    def build(cls, sentences: Iterable[str], fingerprint: str | None = None) -> "UNAStatistics":
+        """Computes the statistics of `sentences` (one document each) through a CSR count matrix."""
+        sentences = list(sentences)
+        fingerprint = fingerprint or corpus_fingerprint(sentences)  # also checks that every sentence is a str
+        if (n_docs := len(sentences)) == 0:
+            raise ValueError("UNA needs a non-empty corpus, got 0 sentences")
+        word_to_id: dict[str, int] = {}
+        docs = [[word_to_id.setdefault(t, len(word_to_id)) for t in tokenize(sentence)] for sentence in sentences]
+        if (size := len(word_to_id)) == 0:
+            raise ValueError(f"UNA corpus of {n_docs} sentences has no tokens")
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=n_docs)
+        cols = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=int(lengths.sum()))
+        rows = np.repeat(np.arange(n_docs), lengths)
+        counts = sp.csr_matrix((np.ones(cols.size, np.int32), (rows, cols)), shape=(n_docs, size))
+        counts.sum_duplicates()  # one entry per (sentence, word) holding count(w, s)
+        df = np.bincount(counts.indices, minlength=size)
+        idf = np.log(n_docs / df)
+        entry_rows = np.repeat(np.arange(n_docs), np.diff(counts.indptr))
+        scores = np.log1p(counts.data / lengths[entry_rows]) * idf[counts.indices]
+        # Per-word maximum: group the entries by column (every word has df >= 1, so no empty group).
+        by_word = np.argsort(counts.indices, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(df)[:-1]))
+        max_score = np.maximum.reduceat(scores[by_word], starts)
+        return cls(list(word_to_id), idf, max_score, n_docs, fingerprint)
+
+    @classmethod
+    def from_corpus(cls, sentences: Iterable[str], cache_dir: str | os.PathLike | None = None) -> "UNAStatistics":
+        """Loads the statistics from `cache_dir` when its fingerprint matches; else (missing, unreadable or stale
+        cache) builds them and writes them back to `cache_dir`."""
+        sentences = list(sentences)
+        fingerprint = corpus_fingerprint(sentences)
+        if cache_dir is not None:
+            try:
+                if (cached := cls.load(cache_dir)).fingerprint == fingerprint:
+                    return cached
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                logger.warning("Ignoring unreadable UNA cache in %s: %s", cache_dir, err)
+        stats = cls.build(sentences, fingerprint)
+        if cache_dir is not None:
+            stats.save(cache_dir)
+        return stats
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Writes `una_stats.npz` and `una_vocab.json` to `directory` (created if needed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"format_version": _FORMAT_VERSION, "token_pattern": TOKEN_PATTERN, "fingerprint": self.fingerprint,
+                "n_documents": self.n_documents, "vocabulary": self.vocabulary}
+        # The fingerprint also goes into the npz so a load can tell if the two files belong together.
+        _atomic_write(directory / _STATS_FILE, lambda f: np.savez(
+            f, idf=self.idf, max_score=self.max_score, fingerprint=np.array(self.fingerprint or "")))
+        _atomic_write(directory / _VOCAB_FILE, lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "UNAStatistics":
+        """Reads statistics written by `save`; raises `ValueError` for a foreign or mismatched cache."""
+        directory = Path(directory)
+        meta = json.loads((directory / _VOCAB_FILE).read_text(encoding="utf-8"))
+        if meta.get("format_version") != _FORMAT_VERSION or meta.get("token_pattern") != TOKEN_PATTERN:
+            raise ValueError(f"UNA cache in {directory} has another format or tokeniser")
+        with np.load(directory / _STATS_FILE, allow_pickle=False) as arrays:
+            idf, max_score = arrays["idf"], arrays["max_score"]
+            npz_fingerprint = str(arrays["fingerprint"])
+        if npz_fingerprint != (meta["fingerprint"] or ""):
+            raise ValueError(f"UNA cache files in {directory} come from different corpora")
+        return cls(meta["vocabulary"], idf, max_score, meta["n_documents"], meta["fingerprint"])
+
+    def score_tokens(self, tokens: Sequence[str]) -> np.ndarray:
+        """tf-idf score of each token of one tokenised sentence (OOV words: idf = ln N, as if df = 1)."""
+        return self.score_batch([list(tokens)])[1]
+
+    def score_batch(self, token_lists: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat `(ids, scores, sentence_of_token)` of shape `(total tokens,)` for a batch of tokenised sentences:
+        vocabulary id (-1 for OOV words), tf-idf score, index of the sentence."""
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        flat = [t for tokens in token_lists for t in tokens]
+        get = self.word_to_id.get
+        ids = np.fromiter((get(t, -1) for t in flat), dtype=np.int64, count=len(flat))
+        seg = np.repeat(np.arange(len(token_lists)), lengths)
+        if ids.size == 0:
+            return ids, np.zeros(0), seg
+        # count(w, s) via unique (sentence, word) keys; distinct OOV words get temporary ids >= V.
+        keys = ids.copy()
+        oov = ids < 0
+        width = self.vocab_size
+        if oov.any():
+            _, oov_ids = np.unique(np.array(flat, dtype=object)[oov], return_inverse=True)
+            keys[oov] = width + oov_ids
+            width += int(oov_ids.max()) + 1
+        _, inverse, counts = np.unique(seg * width + keys, return_inverse=True, return_counts=True)
+        tf = np.log1p(counts[inverse] / lengths[seg])
+        idf = np.where(oov, math.log(self.n_documents), self.idf[np.maximum(ids, 0)])
+        return ids, tf * idf, seg
+
+
+def _atomic_write(path: Path, write) -> None:
+    # Several ranks may build the same cache at once: write aside, then rename over.
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
+        try:
+            write(f)
+        except BaseException:
+            os.unlink(f.name)
+            raise
+    os.replace(f.name, path)
+
 
 def validate_una_alpha(alpha: float) -> float:
     """Returns `alpha` as a float if it is a finite number > 0, else raises `ValueError`."""
@@ -48,24 +223,17 @@ def validate_una_alpha(alpha: float) -> float:
 
 def validate_una_window(window: int | float) -> int | float:
     """Checks a window: an int >= 1 (rank radius r) or a float in (0, 1) (fraction of the vocabulary)."""
-    message = f"UNA window must be an int >= 1 or a float in (0, 1) (a vocabulary fraction), got {window!r}"
-    if isinstance(window, bool) or not isinstance(window, Real):
-        raise ValueError(message)
-    if isinstance(window, Integral):
-        if window < 1:
-            raise ValueError(message)
+    if isinstance(window, Integral) and not isinstance(window, bool) and window >= 1:
         return int(window)
-    if not 0.0 < float(window) < 1.0:  # also rejects NaN
-        raise ValueError(message)
-    return float(window)
+    if isinstance(window, Real) and not isinstance(window, (bool, Integral)) and 0.0 < float(window) < 1.0:
+        return float(window)  # the comparison also rejects NaN
+    raise ValueError(f"UNA window must be an int >= 1 or a float in (0, 1) (a vocabulary fraction), got {window!r}")
 
 
 def resolve_window(window: int | float, vocab_size: int) -> int:
     """Rank radius r: an int is used as is; a float f in (0, 1) gives r = max(1, ceil(f * vocab_size))."""
     window = validate_una_window(window)
-    if isinstance(window, int):
-        return window
-    return max(1, math.ceil(window * vocab_size))
+    return window if isinstance(window, int) else max(1, math.ceil(window * vocab_size))
 
 
 def validate_una_frequency(frequency: int) -> int:
@@ -75,16 +243,10 @@ def validate_una_frequency(frequency: int) -> int:
     return int(frequency)
 
 
-# ------------------------------------------------------------------ replacement probabilities
-
-def _segment_probabilities(
-    scores: np.ndarray, seg: np.ndarray, n_seg: int, alpha: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """p_i for tokens grouped into non-empty sentences (`seg[i]` = sentence of token i).
-
-    Returns `(p, flat)`: `flat[j]` marks sentence j as "all scores equal", where the formula is
-    0/0 and the caller replaces exactly one token instead (p is 0 there).
-    """
+def _segment_probabilities(scores: np.ndarray, seg: np.ndarray, n_seg: int, alpha: float):
+    """`(p, flat)`: p_i for tokens grouped into non-empty sentences (`seg[i]` = sentence of token i); `flat[j]`
+    marks sentence j as "all scores equal", where the formula is 0/0 and the caller replaces exactly one token
+    instead (p is 0 there)."""
     lengths = np.bincount(seg, minlength=n_seg)
     low = np.full(n_seg, np.inf)
     high = np.full(n_seg, -np.inf)
@@ -104,12 +266,9 @@ def _segment_probabilities(
 
 
 def replacement_probabilities(scores: Sequence[float], alpha: float = DEFAULT_UNA_ALPHA) -> np.ndarray:
-    """Marginal replacement probability of each token of one sentence, given its scores.
-
-    p_i = min(1, alpha * n * (s_i - min s) / sum_k (s_k - min s)), and 1 for the top score.
-    When all n scores are equal (n = 1 included) exactly one uniformly chosen token is
-    replaced, so each gets the marginal 1/n (these draws are not independent).
-    """
+    """Marginal replacement probability of each token of one sentence, given its scores: p_i = min(1, alpha * n *
+    (s_i - min s) / sum_k (s_k - min s)), and 1 for the top score. When all n scores are equal (n = 1 included)
+    exactly one uniformly chosen token is replaced, so each gets the marginal 1/n (not independent draws)."""
     alpha = validate_una_alpha(alpha)
     scores = np.asarray(scores, dtype=np.float64).ravel()
     if scores.size == 0:
@@ -122,11 +281,11 @@ def replacement_probabilities(scores: Sequence[float], alpha: float = DEFAULT_UN
 
 def _fuses(left: str, right: str) -> bool:
     """Whether two adjacent characters would fall into one `TOKEN_PATTERN` token."""
-    return bool(left) and bool(right) and _WORD_CHAR.match(left) is not None and _WORD_CHAR.match(right) is not None
+    return bool(left and right and _WORD_CHAR.match(left) and _WORD_CHAR.match(right))
 
 
 def _match_case(word: str, original: str) -> str:
-    """Gives a (lowercase) replacement the capitalisation pattern of the word it replaces."""
+    """A (lowercase) replacement with the capitalisation pattern of the word it replaces."""
     if len(original) > 1 and original.isupper():
         return word.upper()
     if original[:1].isupper():
@@ -134,18 +293,10 @@ def _match_case(word: str, original: str) -> str:
     return word
 
 
-# ------------------------------------------------------------------------- augmenter
-
 class UNAAugmenter:
-    """Draws UNA hard negatives from `UNAStatistics`.
-
-    Args:
-        statistics: the corpus statistics.
-        alpha: replacement strength α > 0 (default 0.5).
-        window: rank radius r, an int >= 1, or a float in (0, 1) meaning ceil(f * V) (default 4000).
-        seed: seed of the internal `numpy.random.Generator` (anything `default_rng` takes,
-            e.g. `[seed, step]`).
-    """
+    """Draws UNA hard negatives from `UNAStatistics`: replacement strength `alpha` > 0; rank radius `window`, an
+    int >= 1, or a float f in (0, 1) meaning ceil(f * V); `seed` of the internal `numpy.random.Generator`
+    (anything `default_rng` takes, e.g. `[seed, step]`)."""
 
     def __init__(self, statistics: UNAStatistics, alpha: float = DEFAULT_UNA_ALPHA,
                  window: int | float = DEFAULT_UNA_WINDOW, seed=0):
@@ -161,20 +312,14 @@ class UNAAugmenter:
         """Restarts the internal generator, e.g. with `[base_seed, global_step]` on every rank."""
         self.rng = np.random.default_rng(seed)
 
-    def _generator(self, rng) -> np.random.Generator:
-        if rng is None:
-            return self.rng
-        return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-
     def sample_replacement_ids(self, word_ids: Sequence[int], rng=None) -> np.ndarray:
-        """One replacement id per vocabulary id, drawn ∝ M(v) from rank window [k-r, k+r] minus k.
-
-        Returns -1 where the window holds no other word (a one-word vocabulary).
-        """
+        """One replacement id per vocabulary id, drawn ∝ M(v) from rank window [k-r, k+r] minus k; -1 where the
+        window holds no other word (a one-word vocabulary)."""
         ids = np.asarray(word_ids, dtype=np.int64).ravel()
         if ids.size and (ids.min() < 0 or ids.max() >= self.statistics.vocab_size):
             raise ValueError(f"word ids must lie in [0, {self.statistics.vocab_size}), got {word_ids!r}")
-        return self._draw(self.statistics.rank[ids], np.ones(ids.size, bool), self._generator(rng))
+        rng = self.rng if rng is None else np.random.default_rng(rng)  # a Generator is returned as is
+        return self._draw(self.statistics.rank[ids], np.ones(ids.size, bool), rng)
 
     def _draw(self, pos: np.ndarray, has_self: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Samples from rank windows around `pos`; `has_self` False means `pos` is an OOV
@@ -202,19 +347,15 @@ class UNAAugmenter:
         return np.where(n_cand > 0, st.order[np.minimum(picked, size - 1)], -1)
 
     def augment(self, sentences: Sequence[str], rng=None) -> list[str]:
-        """Returns the UNA hard negative of each sentence.
-
-        Tokens are chosen with `replacement_probabilities` (independently, except that a sentence
-        whose scores are all equal gets exactly one uniformly chosen replacement), then replaced
-        by `sample_replacement_ids`-style draws; everything between tokens keeps its original
-        text, and a replacement copies the capitalisation of the word it replaces.
-        `rng` (seed or Generator) overrides the internal generator for this call only.
-        """
+        """The UNA hard negative of each sentence. Tokens are chosen with `replacement_probabilities`
+        (independently, except that a sentence whose scores are all equal gets exactly one uniformly chosen
+        replacement), then replaced by `sample_replacement_ids`-style draws; the text between tokens is kept, and
+        a replacement copies the capitalisation of the word it replaces. `rng` (seed or Generator) overrides the
+        internal generator for this call only."""
         if isinstance(sentences, str):
             raise TypeError("augment takes a list of sentences, not a single str")
-        sentences = list(sentences)
-        gen = self._generator(rng)
-        st = self.statistics
+        sentences, st = list(sentences), self.statistics
+        gen = self.rng if rng is None else np.random.default_rng(rng)
         matches = [list(TOKEN_RE.finditer(s)) for s in sentences]
         token_lists = [[m.group().lower() for m in ms] for ms in matches]
         ids, scores, seg = st.score_batch(token_lists)
@@ -235,17 +376,14 @@ class UNAAugmenter:
         pos = np.where(has_self, st.rank[np.maximum(ids[where], 0)],
                        np.searchsorted(st.sorted_max_score, scores[where]))
         new_ids = self._draw(pos, has_self, gen)
-        offsets = np.concatenate(([0], np.cumsum([len(t) for t in token_lists])))
-        out = list(sentences)
-        edits: dict[int, list[tuple[int, int]]] = {}
+        spans = [m.span() for ms in matches for m in ms]  # aligned with `ids`
+        edits: dict[int, list[tuple[tuple[int, int], int]]] = {}
         for token, new_id in zip(where.tolist(), new_ids.tolist()):
             if new_id >= 0:
-                sent = int(seg[token])
-                edits.setdefault(sent, []).append((token - int(offsets[sent]), new_id))
+                edits.setdefault(int(seg[token]), []).append((spans[token], new_id))
         for sent, changes in edits.items():
             text, pieces, prev, last = sentences[sent], [], 0, ""
-            for local, new_id in changes:  # ascending token order
-                start, end = matches[sent][local].span()
+            for (start, end), new_id in changes:  # ascending token order
                 gap = text[prev:start]
                 word = _match_case(st.vocabulary[new_id], text[start:end])
                 # Keep token boundaries: a word put in place of "." in "ran." must not fuse
@@ -255,7 +393,7 @@ class UNAAugmenter:
                 pieces += [gap, head, word, tail]
                 last, prev = (word + tail)[-1], end
             pieces.append(text[prev:])
-            out[sent] = "".join(pieces)
-        return out
+            sentences[sent] = "".join(pieces)  # our own copy of the list
+        return sentences
 
     __call__ = augment

@@ -119,12 +119,12 @@ class MoCoSEModel(PreTrainedModel):
         Both encoders start as the encoder; the pooler Linear from its pooler dense weights when it has them.
         `config_kwargs` are `MoCoSEConfig` fields. `fraternal_model_name_or_path` (IFCL) copies that model's
         word vectors as the fraternal table (lifted to its hidden size when its embeddings are factorised, as
-        ALBERT's: `hf_mocose.methods.fraternal`).
+        ALBERT's: `hf_mocose.methods.augmentation`).
         """
         pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
-            from ..methods.fraternal import fraternal_word_vectors
+            from ..methods.augmentation import fraternal_word_vectors
 
             hidden = getattr(encoder_config, "hidden_size", None) or encoder_config.dim
             fraternal = fraternal_word_vectors(AutoModel.from_pretrained(fraternal_model_name_or_path), hidden,

@@ -29,8 +29,10 @@ from torch.autograd import Variable
 from sentence_transformers.util.distributed import get_world_size
 from torch.nn.utils import get_total_norm
 
-from ..training.launch import quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several
-from ..training.sharding import accelerator_sharding, launch_sharding, refuse_unsupported_sharding
+from ..training.sharding import (
+    accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several,
+    refuse_unsupported_sharding,
+)
 
 
 DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "

@@ -29,8 +29,8 @@ from ..models.ema import ema_decay_range
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
 from ..publishing.model_card import describe_training_data
-from ..training.launch import quiet_library_notices, refuse_one_process_of_several
-from .model_source import check_model_source
+from ..training.sharding import quiet_library_notices, refuse_one_process_of_several
+from .checks import check_model_source
 
 logger = logging.getLogger(__name__)
 

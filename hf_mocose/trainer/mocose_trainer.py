@@ -33,7 +33,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..data.collator import ContrastiveCollator
+from ..data.corpus import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation
 from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import EMATargetCallback, ema_decay_at
@@ -45,7 +45,7 @@ from ..training.checkpoints import prepare_resume
 from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
-from .switches import check_trainer_switches
+from .checks import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
 OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # the name before both front ends shared one (0.1)

@@ -1,19 +1,11 @@
 """Mixed precision: the target's no-grad forward under the online forward's autocast, and native bf16 detection.
 
-With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`:
-matrix products run in the low-precision dtype, the weights stay fp32. The EMA target's forward is
-half of the compute that has no backward, so it must run under the same autocast, while its weights
-stay fp32: the EMA moves them by (1 - eta) * delta per step, which bf16 would round away.
-
-- `MoCoSETrainer`: the target branch runs inside `MoCoSEModel.forward`, so accelerate's autocast covers
-  it with nothing added here.
-- `MoCoSELoss`: the loss calls its target encoder itself, outside the model's `forward`.
-  `recorded_autocast` reads the autocast the online model's forward ran under (a forward pre-hook on
-  one of its modules, for the length of the call), and `AutocastState.context()` enters the same one
-  around the target's forward. One code path for CPU and CUDA autocast: the state names its device type.
-
-`cpu_has_native_bf16` says whether this CPU computes bf16 natively (what `scripts/train.py` reads to
-pick the quickstart's precision).
+With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`: matrix
+products run in the low-precision dtype, the weights stay fp32. The EMA target's forward must run under the same
+autocast while its weights stay fp32: the EMA moves them by (1 - eta) * delta per step, which bf16 would round
+away. `MoCoSETrainer`'s target runs inside `MoCoSEModel.forward`, covered with nothing added here. `MoCoSELoss`
+calls its target itself, outside the model's `forward`: `recorded_autocast` reads the autocast the online forward
+ran under and `AutocastState.context()` enters the same one (CPU or CUDA: the state names its device type).
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -42,19 +35,12 @@ class AutocastState:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
 
-class _AutocastRecording:
-    state = AutocastState()
-
-
 @contextlib.contextmanager
-def recorded_autocast(module: nn.Module) -> Iterator[_AutocastRecording]:
-    """While the block runs, records (in the yielded object's `state`) the autocast `module`'s forward runs under.
-
-    `module` is one the online model's `forward` calls (e.g. a `SentenceTransformer`'s first module), so the
-    record is the autocast accelerate put around that `forward` (or a user's own `torch.autocast` block). Not
-    the model itself: accelerate wraps its `forward`, and a module's hooks run outside its `forward`.
-    """
-    recording = _AutocastRecording()
+def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
+    """While the block runs, records (in the yielded object's `state`) the autocast `module`'s forward runs under
+    (a forward pre-hook). `module` is one the online model's `forward` calls (e.g. a `SentenceTransformer`'s first
+    module), not the model itself: accelerate wraps the model's `forward`, and its hooks run outside it."""
+    recording = SimpleNamespace(state=AutocastState())
 
     def hook(mod, args):
         parameter = next(mod.parameters(), None)
@@ -78,12 +64,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 def choose_auto_bf16(device: torch.device, deepspeed: bool = False) -> tuple[bool, str]:
-    """What `bf16: auto` (the quickstart recipe's) resolves to for training on `device`, and why.
-
-    bf16 autocast on a CPU that computes bf16 natively (measured there: about 0.6x the fp32 step time at the same
-    STS quality, docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here) and
-    under DeepSpeed (`deepspeed`), which would cast the whole model to bf16, the EMA target included.
-    """
+    """What `bf16: auto` (the quickstart recipe's) resolves to for training on `device`, and why: bf16 autocast on
+    a CPU that computes bf16 natively (measured there: about 0.6x the fp32 step time at the same STS quality,
+    docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here) and under
+    DeepSpeed, which would cast the whole model to bf16, the EMA target included."""
     if deepspeed:
         return False, "under DeepSpeed bf16 would cast the EMA target to bf16 too"
     if device.type != "cpu":

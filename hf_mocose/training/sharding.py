@@ -1,33 +1,24 @@
-"""Sharded training with an EMA target: FSDP2 is supported; FSDP1, DeepSpeed ZeRO-3 and DeepSpeed with mixed
-precision are refused (ZeRO-3 for every method: the model is built from whole encoder weights).
+"""What a launch may be: how many processes, which sharding, and what the EMA target can follow.
 
-Under FSDP2 (`torch.distributed.fsdp.fully_shard`, as accelerate's FSDP plugin applies it with
-`fsdp_version: 2`) every parameter becomes a `DTensor` sharded on dim 0 (`Shard(0)`) over the
-mesh. The target encoder and target heads have the exact structure of their online twins, so
-accelerate shards each target tensor like its twin: same mesh, same placements, the same rows on
-each rank, whichever FSDP unit holds it. The EMA therefore needs no communication at all: it
-interpolates each rank's *local* shards in place (`hf_mocose.models.ema.local_shards`), on the sharded
-fp32 master weights the optimizer has just updated. `models.ema.check_twin_layout` refuses a pair that
-is not laid out like that (e.g. a target left unsharded), naming the parameter.
+`accelerate launch --num_processes 2` without `--multi_gpu` (with `--cpu`, or without GPUs) runs ONE process (its
+single-process launcher), and the card would say "1 x CPU process"; it leaves `MASTER_ADDR` without `RANK` or
+`WORLD_SIZE`, which `refuse_one_process_of_several` refuses.
 
-What else this module does for `MoCoSETrainer` (`configure_sharding`, called once in `__init__`):
-  - refuses what the EMA cannot follow (`refuse_unsupported_sharding`): FSDP1 (flat parameters), ZeRO-3
-    (emptied parameters, fp32 masters inside the optimizer) and a stage it cannot read, pointing to FSDP2;
-    DeepSpeed with bf16/fp16 (it casts the whole model, the frozen target included, so the EMA would run on
-    bf16/fp16 copies), pointing to FSDP2 or DDP with bf16; and torch.compile + FGSM under FSDP2
-    (`refuse_compiled_fgsm`);
-  - under mixed precision, makes the target fp32 like the online master weights accelerate keeps;
-  - adds `ShardedModelCallback`: after `accelerator.prepare()`, `embed` (evaluation) becomes an FSDP
-    forward method and the replicated buffers (the key queue) start from rank 0's;
-(`MoCoSETrainer.save_model` under `SHARDED_STATE_DICT` is completed by `hf_mocose.trainer.sharded_save`.)
-The same rules are read from the launch environment before any model is built (`launch_sharding`).
-The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys.
+FSDP2 is supported: every parameter is a `DTensor` sharded on dim 0, and the target encoder and heads have the
+structure of their online twins, so accelerate shards each target tensor like its twin and the EMA interpolates
+each rank's local shards with no communication (`models.ema.local_shards`; `check_twin_layout` refuses any other
+layout). The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys. Refused
+(`configure_sharding` in `MoCoSETrainer.__init__`, `refuse_sharded_launch` from the launch environment before any
+model is built): FSDP1 (flat parameters), ZeRO-3 for every method (it loads the encoder partitioned, and empties
+the parameters the EMA interpolates), DeepSpeed with bf16/fp16 (it casts the whole model, the frozen target
+included) and torch.compile + FGSM under FSDP2. (`save_model` under `SHARDED_STATE_DICT`: `trainer.mocose_trainer.complete_sharded_save`.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,40 +31,105 @@ FSDP2_CONFIG = "configs/accelerate/fsdp2.yaml"
 EMBED_METHOD = "embed"
 ZERO_STAGE_UNKNOWN = -1  # DeepSpeed is on, but no ZeRO stage could be read from its settings
 MIXED_PRECISIONS = ("bf16", "fp16", "fp8")
+# Set by every launcher that starts several processes (torchrun/accelerate's multi-process launchers, MPI).
+_WORLD_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+CPU_PROCESSES_HINT = ("accelerate launch --multi_gpu --num_processes N --num_machines 1 --mixed_precision no "
+                      "--dynamo_backend no <script> ... --use_cpu true, or torchrun --nproc_per_node N <script> ...")
+
+
+def refuse_one_process_of_several(environ=None) -> None:
+    """A `ValueError` (one line) when `accelerate launch` was asked for several processes but started one."""
+    env = os.environ if environ is None else environ
+    launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in env and "ACCELERATE_DYNAMO_BACKEND" in env
+    if launched_by_accelerate and "MASTER_ADDR" in env and not any(name in env for name in _WORLD_VARIABLES):
+        raise ValueError(
+            "accelerate launch started ONE process although more were asked for: without --multi_gpu (with --cpu, "
+            "or on a machine without GPUs) --num_processes N runs accelerate's single-process launcher (this "
+            "process has MASTER_ADDR but no RANK or WORLD_SIZE). For N CPU processes use " + CPU_PROCESSES_HINT
+            + "; for one, leave out --num_processes."
+        )
+
+
+def quiet_library_notices(args) -> None:
+    """Silences the notices that hf-mocose's own defaults set off and that ask nothing of the user: DDP's
+    `broadcast_buffers` warning (`quiet_ddp_broadcast_buffers_notice`), and pinned memory without an accelerator
+    (the Trainer's default `dataloader_pin_memory=True` only makes torch warn that it pins nothing)."""
+    if args.ddp_broadcast_buffers is False:
+        quiet_ddp_broadcast_buffers_notice()
+    if args.dataloader_pin_memory and args.device.type == "cpu":
+        args.dataloader_pin_memory = False
+
+
+def quiet_ddp_broadcast_buffers_notice() -> None:
+    """torch 2.13 deprecates DDP's `broadcast_buffers` and warns whenever it is passed; accelerate passes it
+    exactly when it differs from True, i.e. with `ddp_broadcast_buffers=False` (hf-mocose's default and
+    sentence-transformers': the queue is the same on every rank, so a broadcast per forward is wasted)."""
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+
+
+def refuse_sharded_launch(args) -> None:
+    """`configure_sharding`'s refusals, read from `accelerate launch`'s environment and the arguments before the
+    model is built (under ZeRO-3 building it already fails obscurely), plus a DeepSpeed precision that
+    transformers would refuse only once the model is built and the data tokenised."""
+    fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
+    _refuse(f"method={args.method!r}", args.method == "mocose", fsdp_version, zero_stage, mixed_precision,
+            getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
+    half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
+    if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
+        raise ValueError(f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) "
+                         f"needs {half}: true in the training arguments, which transformers checks against DeepSpeed's "
+                         f"config: add --{half} true, or launch with --mixed_precision no.")
+
+
+def configure_sharding(trainer, config) -> None:
+    """`MoCoSETrainer.__init__`'s sharding set-up: refuses what the EMA cannot follow; under FSDP2 makes the target
+    fp32 like the online masters (mixed precision) and adds `ShardedModelCallback`. No-op without FSDP/DeepSpeed."""
+    fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
+    _refuse(f"method={config.method!r}", config.uses_target, fsdp_version, zero_stage, mixed_precision,
+            trainer.args.torch_compile, trainer.args.fgsm_mode)
+    if fsdp_version == 2:
+        if config.uses_target and trainer.accelerator.mixed_precision != "no":
+            match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
+        trainer.add_callback(ShardedModelCallback())
+
+
+def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_precision, torch_compile, fgsm_mode):
+    if uses_target:
+        refuse_unsupported_sharding(owner, fsdp_version, zero_stage, mixed_precision)
+        if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
+            # With a compiled model FGSM looks the word embeddings up itself, before the model's forward, and
+            # FSDP2 runs its sharded word-embedding unit only inside the root module's forward.
+            raise ValueError(f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM "
+                             "would look up the sharded word embeddings outside the root module's forward): set "
+                             "fgsm_mode off or torch_compile false under FSDP2, or train the compiled FGSM run with "
+                             "DDP (configs/accelerate/ddp.yaml).")
+    if zero_stage in (3, ZERO_STAGE_UNKNOWN):  # every method: the model is built by copying whole encoder weights
+        stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
+        raise ValueError(f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder "
+                         "partitioned (empty tensors on every rank), and MoCoSEModel is built by copying the encoder's "
+                         f"weights into its branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO "
+                         "stage 1 or 2.")
 
 
 def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
                                 mixed_precision: str = "no", *, fsdp2_supported: bool = True) -> None:
-    """Refuses the sharding strategies the EMA target cannot follow, before any training step.
-
-    Args:
-        owner: what refuses, for the message (e.g. "method='mocose'", "MoCoSELoss").
-        fsdp_version: 1 or 2 under FSDP, None otherwise.
-        zero_stage: the DeepSpeed ZeRO stage (`ZERO_STAGE_UNKNOWN` when it could not be read), None without DeepSpeed.
-        mixed_precision: "no", "bf16", "fp16" or "fp8" (accelerate's names).
-        fsdp2_supported: False for a front end that cannot run under FSDP2 either (`MoCoSELoss`).
-    """
-    if fsdp_version is not None and not (fsdp_version == 2 and fsdp2_supported):
-        if not fsdp2_supported:
-            raise ValueError(
-                f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the sharded "
-                "model and fails on trainable weights outside it (the loss's online heads). Train with DDP, or shard "
-                "with MoCoSETrainer, which supports FSDP2 (docs/distributed.md)."
-            )
-        raise ValueError(
-            f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot follow): "
-            f"use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP."
-        )
+    """Refuses the sharding the EMA target cannot follow, before any step. `owner` names what refuses
+    ("method='mocose'", "MoCoSELoss"); `zero_stage` is None without DeepSpeed; `mixed_precision` is accelerate's
+    name; `fsdp2_supported=False` for a front end that cannot run under FSDP2 either (`MoCoSELoss`)."""
+    if fsdp_version is not None and not fsdp2_supported:
+        raise ValueError(f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the "
+                         "sharded model and fails on trainable weights outside it (the loss's online heads). Train "
+                         "with DDP, or shard with MoCoSETrainer, which supports FSDP2 (docs/distributed.md).")
+    if fsdp_version not in (None, 2):
+        raise ValueError(f"{owner} does not support FSDP version {fsdp_version} (flat parameters the EMA target cannot "
+                         f"follow): use FSDP2, fsdp_version: 2 ({FSDP2_CONFIG}), or DDP.")
     if zero_stage == ZERO_STAGE_UNKNOWN:
-        raise ValueError(
-            f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read (zero_optimization.stage), and "
-            f"ZeRO-3 is not supported: set the stage to 0, 1 or 2 explicitly, or shard with FSDP2 ({FSDP2_CONFIG})."
-        )
+        raise ValueError(f"{owner}: the DeepSpeed config gives no ZeRO stage hf-mocose can read "
+                         "(zero_optimization.stage), and ZeRO-3 is not supported: set the stage to 0, 1 or 2 "
+                         f"explicitly, or shard with FSDP2 ({FSDP2_CONFIG}).")
     if zero_stage == 3:
-        raise ValueError(
-            f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target interpolates): "
-            f"shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP."
-        )
+        raise ValueError(f"{owner} does not support DeepSpeed ZeRO stage 3 (it empties the parameters the EMA target "
+                         f"interpolates): shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP.")
     if zero_stage is not None and mixed_precision in MIXED_PRECISIONS:
         half = "fp16" if mixed_precision == "fp16" else "bf16"  # fp8 runs on bf16 under DeepSpeed
         raise ValueError(
@@ -81,42 +137,6 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
             f"DeepSpeed casts the whole model to {half}, the EMA target included, and the EMA's small steps would "
             f"round away. Use FSDP2 ({FSDP2_CONFIG}) or DDP (configs/accelerate/ddp.yaml) with {mixed_precision}, "
             "which keep the target fp32, or DeepSpeed with mixed_precision: no."
-        )
-
-
-def refuse_compiled_fgsm(fsdp_version: int | None, torch_compile: bool, fgsm_mode: str) -> None:
-    """torch.compile + FGSM under FSDP2: with a compiled model FGSM looks the word embeddings up itself, before
-    the model's forward, and FSDP2 runs its sharded word-embedding unit only inside the root module's forward."""
-    if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
-        raise ValueError(
-            f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM would look up the "
-            "sharded word embeddings outside the root module's forward): set fgsm_mode off or torch_compile false "
-            "under FSDP2, or train the compiled FGSM run with DDP (configs/accelerate/ddp.yaml)."
-        )
-
-
-def refuse_zero3(zero_stage: int | None) -> None:
-    """DeepSpeed ZeRO-3 (or a stage that cannot be read), for every method: transformers then loads the encoder
-    partitioned, and `MoCoSEModel` is built by copying the encoder's weights into its branches and heads."""
-    if zero_stage in (3, ZERO_STAGE_UNKNOWN):
-        stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
-        raise ValueError(
-            f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder partitioned "
-            "(empty tensors on every rank), and MoCoSEModel is built by copying the encoder's weights into its "
-            f"branches and heads. Shard with FSDP2 instead ({FSDP2_CONFIG}), or use ZeRO stage 1 or 2."
-        )
-
-
-def refuse_deepspeed_precision_mismatch(zero_stage: int | None, mixed_precision: str, args) -> None:
-    """Under DeepSpeed, transformers requires `bf16`/`fp16` in the training arguments to match the precision the
-    launch gives DeepSpeed (`mixed_precision: bf16` in configs/accelerate/zero2.yaml); it otherwise stops once the
-    model is built and the data tokenised. Any method."""
-    half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
-    if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
-        raise ValueError(
-            f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) needs "
-            f"{half}: true in the training arguments, which transformers checks against DeepSpeed's config: add "
-            f"--{half} true, or launch with --mixed_precision no."
         )
 
 
@@ -200,6 +220,7 @@ class ShardedModelCallback(TrainerCallback):
     """
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
         if not isinstance(model, FSDPModule):
@@ -207,28 +228,7 @@ class ShardedModelCallback(TrainerCallback):
         if not getattr(model, "_hf_mocose_fsdp_embed", False):
             register_fsdp_forward_method(model, EMBED_METHOD)
             model._hf_mocose_fsdp_embed = True
-        broadcast_replicated_buffers(model)
-
-
-def broadcast_replicated_buffers(model: nn.Module, src: int = 0) -> None:
-    """Copies rank `src`'s unsharded buffers to every rank (no-op without a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    for buffer in model.buffers():
-        if not is_sharded(buffer):
-            dist.broadcast(buffer, src=src)
-
-
-def configure_sharding(trainer, config) -> None:
-    """`MoCoSETrainer.__init__`'s sharding set-up (see the module docstring); a no-op without FSDP/DeepSpeed."""
-    fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
-    if config.uses_target:
-        refuse_unsupported_sharding(f"method={config.method!r}", fsdp_version, zero_stage, mixed_precision)
-        refuse_compiled_fgsm(fsdp_version, trainer.args.torch_compile, trainer.args.fgsm_mode)
-    refuse_zero3(zero_stage)
-    if fsdp_version == 2:
-        if config.uses_target and trainer.accelerator.mixed_precision != "no":
-            match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
-        trainer.add_callback(ShardedModelCallback())
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            for buffer in model.buffers():
+                if not is_sharded(buffer):
+                    dist.broadcast(buffer, src=0)
