@@ -24,6 +24,7 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformerModelCardData
 
+from ..training.checkpoints import list_checkpoints
 from .card_hyperparameters import as_record, model_rows, training_rows
 
 CARD_FACTS_JSON = "card_facts.json"
@@ -118,9 +119,8 @@ def _read_json(path: Path | None) -> Any:
 
 def _find_in_run(checkpoint: Path, name: str) -> Path | None:
     """`name` in the checkpoint, else in its parent output dir, else in the parent's latest checkpoint-N."""
-    numbered = [p for p in checkpoint.parent.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    numbered.sort(key=lambda p: int(p.name.split("-")[-1]), reverse=True)
-    return next((folder / name for folder in (checkpoint, checkpoint.parent, *numbered) if (folder / name).is_file()),
+    newest_first = reversed(list_checkpoints(checkpoint.parent))
+    return next((folder / name for folder in (checkpoint, checkpoint.parent, *newest_first) if (folder / name).is_file()),
                 None)
 
 
