@@ -4,7 +4,8 @@ theta_target <- eta * theta_target + (1 - eta) * theta_online, with eta followin
 `MoCoSEModel` (for `MoCoSETrainer`) and `MoCoSELoss` (for `SentenceTransformerTrainer`) each name their
 pairs with `ema_tensor_pairs`; `EMATargetCallback` applies the update once per optimizer step (after
 `optimizer.step()`), never inside `forward`: under gradient accumulation a `forward`-time update would run
-once per micro-batch, and on stray forwards (eval); TRL's `SyncRefModelCallback` is the same pattern. Under FSDP2 each parameter is a `DTensor` and its twin is sharded alike, so the EMA
+once per micro-batch, and on stray forwards (eval); TRL's `SyncRefModelCallback` is the same pattern.
+Under FSDP2 each parameter is a `DTensor` and its twin is sharded alike, so the EMA
 interpolates each rank's local shards (`local_shards`) with no communication (`check_twin_layout` refuses
 a pair laid out otherwise).
 """
