@@ -443,3 +443,13 @@ def test_what_only_the_trainer_has_is_refused_in_one_line_naming_it(tiny_encoder
     with pytest.raises(TypeError, match=rf"^MoCoSELoss does not take {name}=: it is a setting of MoCoSETrainer") as info:
         MoCoSELoss(tiny_sentence_transformer(tiny_encoder), **{name: value})
     assert "\n" not in str(info.value)
+
+
+def test_simcse_without_in_batch_negatives_is_refused_by_both_front_ends(tiny_encoder, tmp_path):
+    """SimCSE has no queue: without in-batch negatives a query would have no negative at all."""
+    from hf_mocose import MoCoSELoss, MoCoSETrainingArguments
+
+    with pytest.raises(ValueError, match=r"^method='simcse' has no queue: it needs in_batch_negatives=True\.$"):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), method="simcse", in_batch_negatives=False)
+    with pytest.raises(ValueError, match=r"^method='simcse' has no queue: it needs in_batch_negatives=True\.$"):
+        MoCoSETrainingArguments(output_dir=str(tmp_path), method="simcse", in_batch_negatives=False, use_cpu=True)

@@ -207,6 +207,8 @@ def validate_settings(values: dict[str, Any]) -> None:
             raise ValueError(
                 f"queue_init_size (K_s) must be between 0 and queue_size={queue_size}, got {init_size!r}."
             )
+    if method == "simcse" and not _get(values, "in_batch_negatives"):
+        raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
     for name in ("projection_layers", "predictor_layers"):
         if values.get(name, 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {values[name]!r}.")

@@ -166,8 +166,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         self._validate_sizes()
         settings = take_settings({s.name: getattr(self, s.name) for s in ARGS_SETTINGS}, ARGS_SETTINGS)
         self.queue_init_size = settings["queue_init_size"]  # None resolved: min(128, queue_size)
-        if self.method == "simcse" and not self.in_batch_negatives:
-            raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
         self._validate_family_settings()
         if self.eval_max_seq_length is not None and self.eval_max_seq_length < 2:
             raise ValueError(
