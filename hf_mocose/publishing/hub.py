@@ -4,14 +4,11 @@ Layout (so `SentenceTransformer(repo_id)` always works): the sentence-transforme
 the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")`), resumable checkpoints in
 `last-checkpoint/` or `checkpoint-N/` (`hub_strategy`), never at the root, where transformers would put them.
 
-Every push is ONE commit (`upload_folders`) built as `HfApi.upload_folder` builds its own: the folders' files (its
-filtering, `list_upload_files`) and the deletion of the files the push owns, matched by patterns as its
-`delete_patterns` are, that the upload lacks (an older `model.safetensors` would load instead of a new sharded one):
-the export's files and module folders, the folders uploaded whole; never `.gitattributes` nor a README
-(`stale_files`). `create_commit` is called, not `upload_folder`: with `hf_xet` it splits large uploads into several
-commits, and its patterns cannot spare a README. The commit names the head its deletions were read from
-(`parent_commit`): a concurrent change makes it fail instead of deleting what it did not see. The token comes from
-huggingface_hub's usual sources (HF_TOKEN, `hf auth login`) unless passed; it is never printed or written.
+Every push is ONE `create_commit` (`upload_folders`): the folders' files, filtered as `HfApi.upload_folder` does, and
+the deletion of the files the push owns that the upload lacks (`stale_files`; an older `model.safetensors` would load
+instead of a new sharded one), never `.gitattributes` nor a README. Not `upload_folder`: with `hf_xet` it splits large
+uploads into several commits, and its patterns cannot spare a README. `parent_commit` is the head the deletions were
+read from, so a concurrent change fails the commit instead. The token is never printed or written.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is `namespace/name` (huggingface_hub checks the characters; a bare name would land
-    in the token's account); raises a `ValueError` naming it otherwise."""
+    """Returns `repo_id` if it is a valid `namespace/name` (a bare name would land in the token's account), else
+    raises a `ValueError`."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
 
@@ -125,10 +122,9 @@ def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
 def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, what: str = "Upload",
                    export_root: bool = False, private: bool | None = None, revision: str | None = None,
                    token: str | None = None, endpoint: str | None = None, run_as_future: bool = False, owner=None):
-    """Creates `repo_id` (and the branch `revision`) if needed and uploads `folders`, `(folder, path_in_repo or
-    None, ignore_patterns or None)`, in ONE commit that deletes the stale files it owns (a folder with a
-    `path_in_repo`; with `export_root` the root export) read at the branch head, its parent. Returns the
-    `CommitInfo`, or with `run_as_future` its `Future`; errors are `HubPushError`s naming `what` and the repo."""
+    """Creates `repo_id` (and branch `revision`) if needed and uploads `folders`, `(folder, path_in_repo or None,
+    ignore_patterns or None)`, in ONE commit that deletes the stale files it owns. Returns the `CommitInfo` (with
+    `run_as_future` its `Future`); errors are `HubPushError`s naming `what` and the repo."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
     from huggingface_hub.errors import RevisionNotFoundError
 
@@ -164,9 +160,8 @@ def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, w
 def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | None = None,
                 revision: str | None = None, commit_message: str | None = None, dry_run: bool = False,
                 token: str | None = None, endpoint: str | None = None) -> str | list[tuple[str, int]]:
-    """Uploads a sentence-transformers export to the root of `repo_id`, deleting in the same commit the export
-    files an earlier upload left that this one lacks. Returns the commit URL, or with `dry_run` the
-    `(path_in_repo, size)` list it would upload (nothing sent, no token needed)."""
+    """Uploads a sentence-transformers export to the root of `repo_id` (stale export files deleted in the same
+    commit). Returns the commit URL, or with `dry_run` the `(path_in_repo, size)` list it would upload."""
     validate_repo_id(repo_id)
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
@@ -196,9 +191,9 @@ def _log_failed_push(future) -> None:  # a failed background push is reported, n
 
 
 def push_training_checkpoint(trainer, checkpoint_folder: str | os.PathLike):
-    """`Trainer._push_from_checkpoint` without touching the root: the checkpoint goes to its folder in the repo,
-    which it owns whole (no file of an older checkpoint survives). Main process only; returns the upload `Future`
-    (its failure is also logged), or None when `hub_strategy` pushes nothing on save ("end")."""
+    """`Trainer._push_from_checkpoint` without touching the root: the checkpoint replaces its repo folder whole.
+    Main process only; returns the upload `Future` (failures logged), or None when `hub_strategy` pushes nothing
+    on save."""
     args = trainer.args
     path_in_repo = checkpoint_path_in_repo(args.hub_strategy, checkpoint_folder)
     if not trainer.is_world_process_zero() or path_in_repo is None:
@@ -243,10 +238,9 @@ def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: i
 def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
                        revision: str | None = None, token: str | None = None, private: bool | None = None,
                        blocking: bool = True):
-    """Uploads the export (with its card) to the repo root and `final_dir` to `mocose/` in ONE commit, which also
-    deletes their stale files. `revision`, `token` and `private` default to `hub_revision`, `hub_token` and
-    `hub_private_repo`. Returns the `CommitInfo`, or with `blocking=False` its `Future` (after the trainer's earlier
-    uploads; `result()` raises the `HubPushError`)."""
+    """Uploads the export to the repo root and `final_dir` to `mocose/` in ONE commit (stale files deleted).
+    Defaults from `hub_revision`, `hub_token`, `hub_private_repo`. Returns the `CommitInfo`, or with
+    `blocking=False` its `Future` (queued after the trainer's earlier uploads)."""
     args = trainer.args
     return upload_folders(
         final_repo_id(trainer), [(final_dir, MOCOSE_SUBFOLDER, CHECKPOINT_IGNORE), (export_dir, None, None)],
@@ -257,11 +251,9 @@ def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | 
 
 
 def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | None = None, **card_kwargs) -> Path | None:
-    """End-of-training publishing: the export of `final_dir` (the saved MoCoSE model) to `export_dir` (default
-    `<output_dir>/sentence-transformers`) with the live run's card and, when `args.push_to_hub` (or `push`), its
-    upload with `final_dir` in one commit (`upload_final_model`). `card_kwargs` go to `export_final_model`
-    (`export_dir`, `eval_results`, `corpus`, `datasets`, `max_seq_length`, `base_model`...). Main process only:
-    returns the export folder there, None elsewhere."""
+    """End-of-training publishing: exports `final_dir` (`export_final_model`, which takes `card_kwargs`) and, when
+    `args.push_to_hub` (or `push`), uploads both (`upload_final_model`). Returns the export folder on the main
+    process, None elsewhere."""
     if not trainer.is_world_process_zero():
         return None
     push = trainer.args.push_to_hub if push is None else push
@@ -279,9 +271,8 @@ class HubPublishingMixin:
     names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Creates the repo `hub_model_id`, or without one `<output_dir's name>` in the token's namespace (as
-        `Trainer.init_hf_repo`; an invalid name is a `ValueError`), and records its id in `self.hub_model_id`. Main
-        process only."""
+        """Creates the repo `hub_model_id` (default: the output_dir's name in the token's namespace, as `Trainer`)
+        and records its id in `self.hub_model_id`. Main process only."""
         if not self.is_world_process_zero():
             return
         name = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
@@ -314,11 +305,9 @@ class HubPublishingMixin:
 
     def export_sentence_transformers(self, output_dir: str | os.PathLike | None = None, *,
                                      final_dir: str | os.PathLike | None = None, **card_kwargs) -> Path | None:
-        """What `push_to_hub()` publishes, without the upload: saves the MoCoSE model to `final_dir` (default
-        `<output_dir>/final`) and its export with the card (`export_to_sentence_transformers`; `card_kwargs`:
-        `eval_results`, `corpus`, `datasets`, `base_model`, `template`, `max_seq_length`...) to `output_dir` (default
-        `<output_dir>/sentence-transformers`), which `SentenceTransformer` loads. Call it on every process (sharded
-        saves need them all); returns the export folder on the main process, None on the others."""
+        """What `push_to_hub()` publishes, without the upload: the MoCoSE model saved to `final_dir` (default
+        `<output_dir>/final`), its export with the card to `output_dir` (default `<output_dir>/sentence-transformers`).
+        Call it on every process (sharded saves need them all); returns the export folder on the main process."""
         final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
         self.save_model(str(final_dir), _internal_call=True)
         if not self.is_world_process_zero():
@@ -327,14 +316,10 @@ class HubPublishingMixin:
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
-        """Saves the model and publishes it to `hub_model_id`, as `hf-mocose export` + `push` would: the MoCoSE model
-        (saved to `final_dir`, default `<output_dir>/final`) in `mocose/`, its export with the card (written by
-        `export_sentence_transformers`) at the root, in ONE commit. `token`, `revision`, `private` default to
-        `hub_token`, `hub_revision`, `hub_private_repo`; without `hub_model_id` the repo is `<output_dir's name>` in
-        the token's namespace, as with `Trainer`. Keywords (anything else is a `TypeError` before anything is
-        saved): `Trainer.create_model_card`'s (`card_kwargs_from_trainer_keywords`), `PUSH_TO_HUB_KEYWORDS`' others.
-        Returns the `CommitInfo` (with `blocking=False` its `Future`, whose `result()` raises the `HubPushError`) on
-        the main process, None on the others."""
+        """Saves the model and publishes it to `hub_model_id` as `hf-mocose export` + `push` would, in ONE commit:
+        the MoCoSE model in `mocose/`, its export with the card at the root. Takes `PUSH_TO_HUB_KEYWORDS` (others
+        are a `TypeError` before anything is saved). Returns the `CommitInfo` (with `blocking=False` its `Future`)
+        on the main process, None on the others."""
         from .model_card import card_kwargs_from_trainer_keywords
 
         unknown = sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS))
