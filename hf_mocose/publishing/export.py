@@ -2,16 +2,11 @@
 
     hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
 
-The folder is built from sentence-transformers' own modules and written by its own `save`, so it is exactly what
-`SentenceTransformer(OUTPUT_DIR)` expects: Transformer (online encoder + tokenizer) -> Pooling ("cls" for
-sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity activation; only
-for cls_dense). The target branch, queue, projection and predictor heads (training machinery) are left out.
-`max_seq_length` is what the encoder supports at inference, not the (short) training length: the base model's
-sentence-transformers setting, else the encoder's position limit, or the value given (`models.encoding`).
-
-The card (`render_model_card`, README.md) is rendered at export from the run's facts (`model_card`), with the export
-loaded as a `SentenceTransformer` and registered with sentence-transformers' card data; it is parsed back by
-`huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub.
+Built from sentence-transformers' own modules and written by its own `save`: Transformer (online encoder + tokenizer)
+-> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity
+activation; only for cls_dense). The training machinery (target branch, queue, heads) is left out. `max_seq_length`
+is what the encoder supports at inference (`models.encoding`), not the (short) training length. The card (README.md)
+is parsed back by `huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub.
 """
 
 from __future__ import annotations
@@ -28,30 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.encoding import encode_with_model
-from ..models.encoding import inference_max_seq_length
+from ..models.encoding import encode_with_model, inference_max_seq_length
 from .model_card import (
-    CITATIONS,
-    STS_TASKS,
-    STSB_DEV,
-    TASK_NAMES,
-    TRAINING_LOSS,
-    TRANSFER_TASKS,
-    MoCoSEModelCardData,
-    _read_json,
-    as_list,
-    find_template,
-    load_card_facts,
-    mocose_eval_results,
-    read_eval_results,
-    training_data_tables,
-    training_details,
+    CITATIONS, STS_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, MoCoSEModelCardData, _read_json, as_list,
+    find_template, load_card_facts, mocose_eval_results, read_eval_results, training_data_tables, training_details,
 )
 
 logger = logging.getLogger(__name__)
 
-# Short sentences used to check an export against the checkpoint it came from; `probe_sentences`
-# adds long ones built for the lengths at hand.
+# Short sentences to check an export against its checkpoint; `probe_sentences` adds long ones.
 PROBE_SENTENCES = ("A man is playing a guitar.", "Momentum contrast keeps a queue of negative keys.", "hi")
 _PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
@@ -75,9 +55,8 @@ def is_mocose_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def load_mocose_checkpoint(checkpoint: str | os.PathLike):
-    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU. A `FileNotFoundError` /
-    `ValueError` names the path when it is no MoCoSE checkpoint or has no tokenizer, `IncompleteCheckpointError` a
-    weights file cut short."""
+    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU; an error names the path
+    when it is no MoCoSE checkpoint, has no tokenizer or a weights file cut short."""
     from transformers import AutoTokenizer
 
     from ..models.modeling import MoCoSEModel
@@ -134,16 +113,10 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
     modules = [transformer, Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
     if config.sentence_pooling == "cls_dense":
         pooler = model.online_pooler
-        modules.append(
-            Dense(
-                hidden,
-                pooler.out_features,
-                bias=pooler.bias is not None,
-                activation_function=nn.Identity(),  # the MoCoSE pooler has no activation
-                init_weight=pooler.weight.detach().clone(),
-                init_bias=None if pooler.bias is None else pooler.bias.detach().clone(),
-            )
-        )
+        modules.append(Dense(hidden, pooler.out_features, bias=pooler.bias is not None,
+                             activation_function=nn.Identity(),  # the MoCoSE pooler has no activation
+                             init_weight=pooler.weight.detach().clone(),
+                             init_bias=None if pooler.bias is None else pooler.bias.detach().clone()))
     st_model = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name="cosine")
     return st_model.eval(), model_kwargs
 
@@ -161,21 +134,17 @@ def _sentence_of_at_least(tokenizer, n_tokens: int) -> str:
 
 
 def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> list[str]:
-    """Sentences to compare an export with its checkpoint on: the short `PROBE_SENTENCES` (padding in a
-    batch), one about twice the training length (truncation at the training length would show) and
-    one longer than `max_seq_length` (truncation at exactly `max_seq_length` is exercised)."""
+    """Probes for an export: the short `PROBE_SENTENCES` (padding), one about twice the training length
+    (truncation there would show) and one longer than `max_seq_length` (truncation exactly there)."""
     long_ones = [_sentence_of_at_least(tokenizer, 2 * training_length), _sentence_of_at_least(tokenizer, max_seq_length + 8)]
     return [PROBE_SENTENCES[0], long_ones[0], *PROBE_SENTENCES[1:], long_ones[1]]
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
-    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length`, on
-    probes longer than the training length and than `max_seq_length` (an export truncating elsewhere fails).
-
-    Returns the max abs difference; a `RuntimeError` above `atol` or when the reloaded `max_seq_length` differs
-    (a broken export must not be published). A bf16/fp16 model computes in that precision on both sides, along
-    different paths: two of its rounding steps at the embeddings' largest magnitude are allowed then.
-    """
+    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length` on
+    `probe_sentences`. Returns the max abs difference; a `RuntimeError` above `atol` or when the reloaded
+    `max_seq_length` differs. A bf16/fp16 model computes along different paths on both sides: two of its rounding
+    steps at the embeddings' largest magnitude are allowed then."""
     from sentence_transformers import SentenceTransformer
 
     reloaded = SentenceTransformer(str(export_dir), device="cpu")
@@ -219,11 +188,9 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
 
     Args:
         checkpoint: a MoCoSE checkpoint folder (config.json + model.safetensors + tokenizer).
-        output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole, so no
-            stale module folder survives).
+        output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole).
         max_seq_length: tokens the export truncates its inputs at. Default: the base model's sentence-transformers
-            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.encoding`), not the
-            training length.
+            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.encoding`).
         eval_results: evaluation JSON (path or dict) whose results go into the model card.
         write_card: write README.md from the `model_cards/` template (`write_model_card`).
         verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
@@ -242,9 +209,7 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     try:
         st_model, model_kwargs = build_sentence_transformer(model, tokenizer, staging, max_seq_length)
         st_model.save(str(staging), create_model_card=False)
-        if model_kwargs:
-            # sentence-transformers reads `model_kwargs` from this file when loading but does not
-            # write the ones the module was built with; without it the pooler comes back random.
+        if model_kwargs:  # sentence-transformers reads them from this file but does not write them (random pooler)
             config_path = staging / "sentence_bert_config.json"
             module_config = json.loads(config_path.read_text(encoding="utf-8"))
             module_config["model_kwargs"] = model_kwargs
@@ -287,10 +252,8 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
                       training_args: Any | None = None, facts: dict[str, Any] | None = None):
     """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
 
-    `model_name` is the card's title and model-index name (default: the repo's or folder's name); `tags` and
-    `tasks` (a string is one) join the metadata tags; `dataset_args` are shown with the corpus. `facts` are the
-    live run's (`card_facts`), else the checkpoint's (`load_card_facts`); `training_args` (an arguments object,
-    or a dict as recorded) replaces their training arguments.
+    `model_name` is the title (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags.
+    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments.
     """
     from huggingface_hub import ModelCard
     from sentence_transformers import SentenceTransformer
@@ -325,8 +288,7 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
     card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
     if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
         card_data.set_best_model_step(details["best_step"])
-    # sentence-transformers keeps no record of the keywords its Transformer module loads the encoder with but the
-    # one the export wrote (`add_pooling_layer=False`); the transformers-only snippet passes the same.
+    # The keywords the export wrote (`add_pooling_layer=False`), for the transformers-only snippet.
     encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
     versions = {name: _version(name) for name in ("hf-mocose", "huggingface_hub")}  # (its card data has the rest)
     template_path = find_template(template)
