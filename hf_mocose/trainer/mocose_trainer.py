@@ -1,24 +1,16 @@
 """`MoCoSETrainer`: a `Trainer` that computes the contrastive loss, feeds the queue and scores STS-B dev.
 
-The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a
-loaded encoder, raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's
-trainers take them). This class overrides only:
-  - `compute_loss`: an adapter of `hf_mocose.models.objective.ContrastiveObjective.step` (FGSM, forward,
-    negatives, InfoNCE, the enqueue after the backward), the step `MoCoSELoss` runs too;
+The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a loaded encoder,
+raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's trainers take them). Overrides:
+  - `compute_loss`: an adapter of `ContrastiveObjective.step`, the step `MoCoSELoss` runs too (every method goes
+    through it; they differ only in configuration);
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
-  - `get_eval_dataloader`/`get_test_dataloader`/`evaluation_loop` (`STSEvaluationMixin`): `Trainer.evaluate`
-    scores STS-B dev (`eval_stsb_spearman` x100, `compute_metrics`, the Trainer's speed metrics) so
-    `load_best_model_at_end` works; `predict` gives pair similarities or sentence embeddings;
+  - evaluation (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev so `load_best_model_at_end` works;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `card_facts.json` (the run's
-    facts, which the model card reads, so it never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded
-    saves (`hf_mocose.training.sharding`: FSDP2 is supported, the EMA target sharded like the online branch);
-  - `push_to_hub`/`init_hf_repo`/`_push_from_checkpoint` (`HubPublishingMixin`): the Hub repo root holds
-    the sentence-transformers export, the MoCoSE model goes to `mocose/` (one commit), checkpoints to
-    sub-folders; `Trainer.push_to_hub`'s keywords reach the card.
+  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `card_facts.json` (so the card
+    never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded saves;
+  - Hub publishing (`HubPublishingMixin`): the export at the repo root, the MoCoSE model in `mocose/`.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
-Every method (MoCoSE, SimCSE, IFCL, with or without UNA hard negatives) goes through the same
-`ContrastiveObjective`; they differ only in configuration.
 """
 
 from __future__ import annotations
@@ -48,7 +40,7 @@ from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .checks import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
 
-OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # the name before both front ends shared one (0.1)
+OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # checkpoints of 0.1 still load
 logger = logging.getLogger(__name__)
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
@@ -62,15 +54,10 @@ def uses_sharded_state_dict(trainer) -> bool:
 
 
 def complete_sharded_save(trainer, output_dir: str) -> None:
-    """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing:
-
-    - the checkpoint `_save_checkpoint` is writing (`checkpoint-<global_step>`): config.json, the tokenizer,
-      training_args.bin and card_facts.json (the card's) beside the DCP folder, so the
-      checkpoint is recognised and checked on resume;
-    - any other folder (the final model): the full weights, gathered from all ranks, as `FULL_STATE_DICT`
-      saves them, so export and push read a plain `save_pretrained` folder.
-    Runs on every process (the gather is collective). A no-op for other set-ups.
-    """
+    """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing: in the
+    checkpoint being written, config.json, tokenizer, training_args.bin and card_facts.json (so resume recognises
+    it); in any other folder the full weights, gathered from all ranks. Runs on every process (the gather is
+    collective); a no-op for other set-ups."""
     if not uses_sharded_state_dict(trainer):
         return
     if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
@@ -102,12 +89,10 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             `args.model_init_kwargs` (e.g. `{"dtype": "bfloat16"}`); `builtin:all-MiniLM-L6-v2`; or a loaded
             `PreTrainedModel` encoder (see `hf_mocose.trainer.inputs`).
         args: `MoCoSETrainingArguments`.
-        train_dataset: raw sentences in a `text` column (tokenised here, truncated at `max_seq_length`;
-            optional `positive_text`), or tokenised ones (`input_ids`, `attention_mask`, ...; plus `text`,
-            and any `positive_text`, for UNA).
+        train_dataset: raw sentences in a `text` column (optional `positive_text`), or tokenised ones (`input_ids`,
+            `attention_mask`, ...; plus `text`, and any `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
-        processing_class: the tokenizer (also used to encode the STS sentences and hard negatives);
-            loaded with `AutoTokenizer` from where the model came from when omitted.
+        processing_class: the tokenizer; loaded with `AutoTokenizer` from where the model came from when omitted.
         compute_metrics: called at each evaluation with `EvalPrediction(predictions=cosine similarities (N,),
             label_ids=gold scores (N,))` of the STS pairs; its metrics are added with the key prefix.
         **kwargs: passed to `Trainer`.
@@ -132,7 +117,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          processing_class=processing_class, data_collator=data_collator, **kwargs)
         self._check_queue_settings(config)
-        self._check_sharding(config)
+        configure_sharding(self, config)  # FSDP2 set-up; refuses what the EMA target cannot follow
         self.check_eval_datasets()
         check_trainer_switches(self)  # switches that cannot work (NEFTune, fp16 on CPU, ...): refused before training
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
@@ -180,17 +165,11 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                     f"so every forgetting coefficient stays positive; got lambda={args.ifcl_forgetting}."
                 )
 
-    def _check_sharding(self, config) -> None:
-        """FSDP2 set-up, and the refusals of what the EMA target cannot follow (`sharding.configure_sharding`)."""
-        configure_sharding(self, config)
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
-        """The Trainer's optimizer, with the heads in their own groups at `head_learning_rate` (if set).
-
-        The heads (pooler, projection, predictor) start far from the pretrained encoder's optimum;
-        their groups copy the encoder groups' settings (weight decay) and follow the same schedule.
-        """
+        """The Trainer's optimizer, with the heads (far from an optimum at the start) in their own groups at
+        `head_learning_rate` (if set), with the encoder groups' other settings and schedule."""
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
         if fresh and self.args.head_learning_rate is not None:
@@ -220,10 +199,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                             args.ema_decay_horizon)
 
     def queue_window(self, decay: float | None = None) -> int | None:
-        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit).
-
-        The step about to run uses eta(global_step), the decay its EMA update will apply.
-        """
+        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit), at `decay`
+        (default: eta(global_step), the decay the next EMA update applies)."""
         if self.args.target_mtd is None:
             return None
         decay = self.current_decay() if decay is None else decay
@@ -294,20 +271,13 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         complete_sharded_save(self, output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, with `resume_from_checkpoint` checked first (see `hf_mocose.training.checkpoints`).
-
-        `"last"` (or True) picks the newest *complete* checkpoint of `output_dir`, saying which and
-        why newer ones were skipped; an incomplete folder or weights file, or a checkpoint whose
-        weights do not fit this model (e.g. another `queue_size`), is refused by name before any
-        step. Interrupted checkpoint folders this run will write again are removed first.
-        """
+        """`Trainer.train`, with `resume_from_checkpoint` checked first (`training.checkpoints.prepare_resume`):
+        `"last"` (or True) picks the newest *complete* checkpoint; an incomplete or unfitting one is refused."""
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         return super().train(resume, *args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """`Trainer._save` (model, tokenizer, training_args.bin), plus the run's facts the model card reads,
-        `card_facts.json` (`publishing.model_card`: a card may be written later, offline, from any saved folder).
-        """
+        """`Trainer._save`, plus `card_facts.json`, the run's facts a model card is written from later, offline."""
         super()._save(output_dir, state_dict)
         if self.args.should_save:
             save_card_facts(output_dir if output_dir is not None else self.args.output_dir, self)
