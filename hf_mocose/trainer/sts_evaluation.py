@@ -1,25 +1,17 @@
 """STS scoring inside `Trainer.evaluate`: the MoCoSE sentence embedding, scored by sentence-transformers.
 
-`MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, one log call, `on_evaluate`
-callbacks, the memory tracker, `metric_key_prefix`, dicts of eval datasets) and replaces only the
-two steps that assume a loss over batches:
+`MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, callbacks, `metric_key_prefix`, dicts of eval
+datasets) and replaces only the steps that assume a loss over batches:
 
   - `get_eval_dataloader`: the STS pairs (`sentence1`, `sentence2`, `score`), columns checked;
-  - `evaluation_loop`: `MoCoSESimilarityEvaluator`, i.e. sentence-transformers'
-    `EmbeddingSimilarityEvaluator` (cosine, Spearman/Pearson, its CSV under `<output_dir>/eval`)
-    on `MoCoSEModel.embed` (the checkpoint's `sentence_pooling`, fp32, eval mode), returning
-    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` for `metric_for_best_model`, as
-    Spearman x100 (the papers' and `hf-mocose evaluate`'s scale; sentence-transformers' evaluators,
-    and so the `MoCoSELoss` front end, report the same correlation in [-1, 1]), plus what a user's
-    `compute_metrics` returns for `EvalPrediction(cosine similarities, gold scores)`;
-  - `get_test_dataloader` (so `predict`): STS pairs give their cosine similarities (`predictions`), gold
-    scores (`label_ids`) and the metrics above; a `text` column gives the sentence embeddings `(N, D)`.
+  - `evaluation_loop`: sentence-transformers' `EmbeddingSimilarityEvaluator` on `MoCoSEModel.embed`, returning
+    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` as Spearman x100 (the papers' and `hf-mocose evaluate`'s
+    scale; the `MoCoSELoss` front end reports [-1, 1]), plus what a user's `compute_metrics` returns;
+  - `get_test_dataloader` (so `predict`): STS pairs give their cosine similarities and gold scores; a `text`
+    column gives the sentence embeddings `(N, D)`.
 
-Sentences are encoded whole by default (the encoder's own limit, as SentEval and the paper do);
-`eval_max_seq_length` chooses another length. Training keeps its own `max_seq_length`.
-
-This is the trainer's own evaluation, so it is a core module (`hf_mocose.evaluation` holds the
-SentEval tasks, the diagnostics and their command line, and the core never imports it).
+Sentences are encoded whole by default (as SentEval and the paper do); `eval_max_seq_length` chooses another length.
+A core module: `hf_mocose.evaluation` (SentEval tasks, diagnostics, their command line) is never imported here.
 """
 
 from __future__ import annotations
@@ -42,9 +34,8 @@ STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_
 def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
     """STS-B dev pairs (`sentence1`, `sentence2`, `score`) as a `Dataset`, read from SentEval's `sts-dev.csv`."""
     pairs = read_sts_benchmark(path)
-    return Dataset.from_dict(
-        {"sentence1": list(pairs.sentences1), "sentence2": list(pairs.sentences2), "score": [float(s) for s in pairs.scores]}
-    )
+    return Dataset.from_dict({"sentence1": list(pairs.sentences1), "sentence2": list(pairs.sentences2),
+                              "score": [float(s) for s in pairs.scores]})
 
 
 def check_sts_dataset(dataset) -> None:
@@ -54,19 +45,15 @@ def check_sts_dataset(dataset) -> None:
         raise ValueError(f"The STS evaluation dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
     missing = [c for c in STS_COLUMNS if c not in columns]
     if missing:
-        raise ValueError(
-            f"The STS evaluation dataset needs the columns {', '.join(STS_COLUMNS)}; missing {', '.join(missing)} "
-            f"(it has {', '.join(columns) or 'no columns'})."
-        )
+        raise ValueError(f"The STS evaluation dataset needs the columns {', '.join(STS_COLUMNS)}; missing "
+                         f"{', '.join(missing)} (it has {', '.join(columns) or 'no columns'}).")
     if len(dataset) < 2:
         raise ValueError(f"The STS evaluation dataset has {len(dataset)} pair(s); a correlation needs at least 2.")
 
 
 def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
-    """Evaluation truncation length: `requested`, or the encoder's own limit (whole sentences).
-
-    A `requested` length beyond the encoder's position embeddings is refused (it would fail mid-forward).
-    """
+    """Evaluation truncation length: `requested` (refused beyond the encoder's limit, where the forward would
+    fail), or the encoder's own limit (whole sentences)."""
     encoder_config = getattr(model, "online_encoder", model).config
     limit = resolve_max_length(tokenizer, encoder_config)
     if requested is None:
@@ -79,9 +66,8 @@ def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
 class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
     """sentence-transformers' `EmbeddingSimilarityEvaluator` on a `MoCoSEModel`'s sentence embedding.
 
-    Scoring, CSV output and the `primary_metric` are sentence-transformers'; only `embed_inputs` is
-    MoCoSE's: `MoCoSEModel.embed` (online encoder + `sentence_pooling`) through `encode_with_model`
-    (eval mode restored afterwards, fp32, length-sorted batches, truncation at `max_length`).
+    Only `embed_inputs` is MoCoSE's: `MoCoSEModel.embed` through `encode_with_model` (fp32, truncation at
+    `max_length`).
 
     Args:
         sentences1, sentences2, scores: the STS pairs and their gold similarity.
@@ -122,11 +108,8 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
 
 
 class STSEvaluationMixin:
-    """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring).
-
-    Expects `self.args.stsb_dev_file`, `self.args.eval_max_seq_length` and a tokenizer as `processing_class`;
-    uses `self.compute_metrics` when set.
-    """
+    """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring); expects
+    `args.stsb_dev_file`, `args.eval_max_seq_length` and a tokenizer as `processing_class`."""
 
     def check_eval_datasets(self) -> None:
         """Fails before training when an `eval_dataset` (or one of a dict of them) is not STS pairs."""
@@ -155,22 +138,18 @@ class STSEvaluationMixin:
         """For `predict`: STS pairs, or sentences in a `text` column, as they are (`evaluation_loop` reads them)."""
         columns = getattr(test_dataset, "column_names", None)
         if columns is None or not ("text" in columns or all(c in columns for c in STS_COLUMNS)):
-            raise ValueError(
-                "predict() takes STS pairs (columns sentence1, sentence2, score: their similarities and scores) or "
-                f"sentences (a text column: their embeddings); got {', '.join(columns or []) or type(test_dataset).__name__}."
-            )
+            got = ", ".join(columns or []) or type(test_dataset).__name__
+            raise ValueError("predict() takes STS pairs (columns sentence1, sentence2, score: their similarities and "
+                             f"scores) or sentences (a text column: their embeddings); got {got}.")
         if "text" not in columns:
             check_sts_dataset(test_dataset)
         return DataLoader(test_dataset, batch_size=self.args.eval_batch_size, collate_fn=list)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        """Scores STS pairs with `MoCoSESimilarityEvaluator` (sentences: embeds them); no loss.
-
-        STS pairs: `predictions` are the pairs' cosine similarities `(N,)`, `label_ids` the gold scores
-        `(N,)`, `metrics` the Spearman/Pearson x100 and `compute_metrics`' own. A `text` column (from
-        `predict`): `predictions` are the sentence embeddings `(N, D)` float32.
-        """
+        """Scores STS pairs with `MoCoSESimilarityEvaluator`; no loss. STS pairs: `predictions` are the cosine
+        similarities `(N,)`, `label_ids` the gold scores `(N,)`. A `text` column (from `predict`): `predictions`
+        are the sentence embeddings `(N, D)` float32."""
         dataset = dataloader.dataset
         model = self.accelerator.unwrap_model(self.model)
         max_length = eval_max_length(model, self.processing_class, self.args.eval_max_seq_length)
@@ -179,10 +158,9 @@ class STSEvaluationMixin:
                                            batch_size=self.args.per_device_eval_batch_size, max_length=max_length)
             return EvalLoopOutput(predictions=embeddings.numpy(), label_ids=None, metrics={}, num_samples=len(dataset))
         check_sts_dataset(dataset)
-        evaluator = MoCoSESimilarityEvaluator(
-            dataset["sentence1"], dataset["sentence2"], dataset["score"], tokenizer=self.processing_class,
-            max_length=max_length, batch_size=self.args.per_device_eval_batch_size,
-        )
+        evaluator = MoCoSESimilarityEvaluator(dataset["sentence1"], dataset["sentence2"], dataset["score"],
+                                              tokenizer=self.processing_class, max_length=max_length,
+                                              batch_size=self.args.per_device_eval_batch_size)
         output_path = os.path.join(self.args.output_dir, "eval") if self.is_world_process_zero() else None
         epoch = self.state.epoch if self.state.epoch is not None else -1
         scores = evaluator(model, output_path=output_path, epoch=epoch, steps=self.state.global_step)
@@ -198,12 +176,5 @@ class STSEvaluationMixin:
         return EvalLoopOutput(predictions=similarities, label_ids=gold, metrics=metrics, num_samples=len(dataset))
 
 
-__all__ = [
-    "STS_COLUMNS",
-    "STS_EVALUATOR_NAME",
-    "MoCoSESimilarityEvaluator",
-    "STSEvaluationMixin",
-    "check_sts_dataset",
-    "eval_max_length",
-    "stsb_dev_dataset",
-]
+__all__ = ["STS_COLUMNS", "STS_EVALUATOR_NAME", "MoCoSESimilarityEvaluator", "STSEvaluationMixin", "check_sts_dataset",
+           "eval_max_length", "stsb_dev_dataset"]
