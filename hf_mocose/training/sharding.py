@@ -1,17 +1,11 @@
 """What a launch may be: how many processes, which sharding, and what the EMA target can follow.
 
-`accelerate launch --num_processes 2` without `--multi_gpu` (with `--cpu`, or without GPUs) runs ONE process (its
-single-process launcher), and the card would say "1 x CPU process"; it leaves `MASTER_ADDR` without `RANK` or
-`WORLD_SIZE`, which `refuse_one_process_of_several` refuses.
-
-FSDP2 is supported: every parameter is a `DTensor` sharded on dim 0, and the target encoder and heads have the
-structure of their online twins, so accelerate shards each target tensor like its twin and the EMA interpolates
-each rank's local shards with no communication (`models.ema.local_shards`; `check_twin_layout` refuses any other
-layout). The key queue is a plain buffer, never sharded: every rank enqueues the same gathered keys. Refused
-(`configure_sharding` in `MoCoSETrainer.__init__`, `refuse_sharded_launch` from the launch environment before any
-model is built): FSDP1 (flat parameters), ZeRO-3 for every method (it loads the encoder partitioned, and empties
-the parameters the EMA interpolates), DeepSpeed with bf16/fp16 (it casts the whole model, the frozen target
-included) and torch.compile + FGSM under FSDP2. (`save_model` under `SHARDED_STATE_DICT`: `trainer.mocose_trainer.complete_sharded_save`.)
+FSDP2 is supported: the target encoder and heads have the structure of their online twins, so accelerate shards
+each target tensor like its twin and the EMA interpolates each rank's local shards with no communication
+(`models.ema.local_shards`). The key queue is a plain buffer, never sharded: every rank enqueues the same gathered
+keys. Refused (`configure_sharding`, and `refuse_sharded_launch` from the launch environment before any model is
+built): FSDP1 (flat parameters), ZeRO-3 (it loads the encoder partitioned, and empties the parameters the EMA
+interpolates), DeepSpeed with bf16/fp16 (it casts the frozen target too) and torch.compile + FGSM under FSDP2.
 """
 
 from __future__ import annotations
@@ -42,18 +36,15 @@ def refuse_one_process_of_several(environ=None) -> None:
     env = os.environ if environ is None else environ
     launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in env and "ACCELERATE_DYNAMO_BACKEND" in env
     if launched_by_accelerate and "MASTER_ADDR" in env and not any(name in env for name in _WORLD_VARIABLES):
-        raise ValueError(
-            "accelerate launch started ONE process although more were asked for: without --multi_gpu (with --cpu, "
-            "or on a machine without GPUs) --num_processes N runs accelerate's single-process launcher (this "
-            "process has MASTER_ADDR but no RANK or WORLD_SIZE). For N CPU processes use " + CPU_PROCESSES_HINT
-            + "; for one, leave out --num_processes."
-        )
+        raise ValueError("accelerate launch started ONE process although more were asked for: without --multi_gpu "
+                         "(with --cpu, or on a machine without GPUs) --num_processes N runs accelerate's "
+                         "single-process launcher (this process has MASTER_ADDR but no RANK or WORLD_SIZE). For N CPU "
+                         "processes use " + CPU_PROCESSES_HINT + "; for one, leave out --num_processes.")
 
 
 def quiet_library_notices(args) -> None:
-    """Silences the notices that hf-mocose's own defaults set off and that ask nothing of the user: DDP's
-    `broadcast_buffers` warning (`quiet_ddp_broadcast_buffers_notice`), and pinned memory without an accelerator
-    (the Trainer's default `dataloader_pin_memory=True` only makes torch warn that it pins nothing)."""
+    """Silences the notices hf-mocose's own defaults set off that ask nothing of the user: DDP's
+    `broadcast_buffers` warning, and torch's about pinned memory without an accelerator."""
     if args.ddp_broadcast_buffers is False:
         quiet_ddp_broadcast_buffers_notice()
     if args.dataloader_pin_memory and args.device.type == "cpu":
@@ -68,9 +59,8 @@ def quiet_ddp_broadcast_buffers_notice() -> None:
 
 
 def refuse_sharded_launch(args) -> None:
-    """`configure_sharding`'s refusals, read from `accelerate launch`'s environment and the arguments before the
-    model is built (under ZeRO-3 building it already fails obscurely), plus a DeepSpeed precision that
-    transformers would refuse only once the model is built and the data tokenised."""
+    """`configure_sharding`'s refusals, read from the launch environment and the arguments before the model is
+    built (under ZeRO-3 building it fails obscurely), plus a DeepSpeed precision transformers would refuse late."""
     fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
     _refuse(f"method={args.method!r}", args.method == "mocose", fsdp_version, zero_stage, mixed_precision,
             getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
@@ -113,9 +103,8 @@ def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_preci
 
 def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage: int | None,
                                 mixed_precision: str = "no", *, fsdp2_supported: bool = True) -> None:
-    """Refuses the sharding the EMA target cannot follow, before any step. `owner` names what refuses
-    ("method='mocose'", "MoCoSELoss"); `zero_stage` is None without DeepSpeed; `mixed_precision` is accelerate's
-    name; `fsdp2_supported=False` for a front end that cannot run under FSDP2 either (`MoCoSELoss`)."""
+    """Refuses the sharding the EMA target cannot follow, before any step. `owner` names what refuses;
+    `zero_stage` is None without DeepSpeed; `fsdp2_supported=False` for a front end without FSDP2 (`MoCoSELoss`)."""
     if fsdp_version is not None and not fsdp2_supported:
         raise ValueError(f"{owner} does not support FSDP: accelerate's FSDP2 maps the optimizer's parameters onto the "
                          "sharded model and fails on trainable weights outside it (the loss's online heads). Train "
@@ -132,12 +121,11 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
                          f"interpolates): shard with FSDP2 instead ({FSDP2_CONFIG}), or use DDP.")
     if zero_stage is not None and mixed_precision in MIXED_PRECISIONS:
         half = "fp16" if mixed_precision == "fp16" else "bf16"  # fp8 runs on bf16 under DeepSpeed
-        raise ValueError(
-            f"{owner} does not support DeepSpeed (ZeRO stage {zero_stage}) with mixed_precision {mixed_precision}: "
-            f"DeepSpeed casts the whole model to {half}, the EMA target included, and the EMA's small steps would "
-            f"round away. Use FSDP2 ({FSDP2_CONFIG}) or DDP (configs/accelerate/ddp.yaml) with {mixed_precision}, "
-            "which keep the target fp32, or DeepSpeed with mixed_precision: no."
-        )
+        raise ValueError(f"{owner} does not support DeepSpeed (ZeRO stage {zero_stage}) with mixed_precision "
+                         f"{mixed_precision}: DeepSpeed casts the whole model to {half}, the EMA target included, and "
+                         f"the EMA's small steps would round away. Use FSDP2 ({FSDP2_CONFIG}) or DDP "
+                         f"(configs/accelerate/ddp.yaml) with {mixed_precision}, which keep the target fp32, or "
+                         "DeepSpeed with mixed_precision: no.")
 
 
 def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
@@ -156,10 +144,9 @@ def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
 
 
 def deepspeed_config_settings(config) -> tuple[int, str | None]:
-    """`(zero_stage, mixed_precision)` a DeepSpeed config states: a JSON file path or a dict, as
-    `TrainingArguments.deepspeed` and accelerate's `deepspeed_config_file` give it. The stage is
-    `zero_optimization.stage` (0, DeepSpeed's default, when absent; `ZERO_STAGE_UNKNOWN` when unreadable);
-    the precision "bf16"/"fp16" when its section says `enabled: true` (None for "auto" or absent)."""
+    """`(zero_stage, mixed_precision)` a DeepSpeed config (a JSON file path or a dict) states: the stage 0 when
+    absent (DeepSpeed's default), `ZERO_STAGE_UNKNOWN` when unreadable; the precision "bf16"/"fp16" when its
+    section says `enabled: true`, else None."""
     if not isinstance(config, dict):
         try:
             config = json.loads(Path(config).read_text())
@@ -198,9 +185,9 @@ def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
 
 
 def match_target_to_master_weights(model: nn.Module) -> list[str]:
-    """Under FSDP2 with mixed precision accelerate keeps the *trainable* parameters as fp32 masters (it
-    upcasts them in `prepare`) but not the frozen ones; this upcasts the target's floating tensors to fp32
-    too, before `prepare`, so the EMA runs in fp32 on both. Returns the names it changed."""
+    """Upcasts the target's floating tensors to fp32 before `prepare`: under FSDP2 with mixed precision accelerate
+    upcasts only the trainable parameters to fp32 masters, and the EMA must run in fp32 on both. Returns the names
+    it changed."""
     changed = []
     for prefix, module in zip(("target_encoder", "target_pooler", "target_projection"), model.target_modules()):
         for name, param in module.named_parameters():
@@ -211,13 +198,9 @@ def match_target_to_master_weights(model: nn.Module) -> list[str]:
 
 
 class ShardedModelCallback(TrainerCallback):
-    """What a model sharded by FSDP2 needs once `accelerator.prepare()` has sharded it (`on_train_begin`):
-
-    - `embed` (the evaluation path, which bypasses `forward`) becomes an FSDP forward method, so its
-      call gathers the root's parameters as `forward` does;
-    - the buffers that stay replicated (the key queue) are broadcast from rank 0, as DDP does at wrap
-      time, so every rank starts from the same queue (FSDP2 syncs nothing at wrap time).
-    """
+    """What a model sharded by FSDP2 needs once prepared (`on_train_begin`): `embed` (the evaluation path, which
+    bypasses `forward`) registered as an FSDP forward method, so it gathers the parameters; the replicated buffers
+    (the key queue) broadcast from rank 0, as DDP does at wrap time (FSDP2 syncs nothing)."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         import torch.distributed as dist
