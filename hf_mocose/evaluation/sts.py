@@ -1,16 +1,14 @@
 """Semantic textual similarity (STS) tasks and scoring, following SentEval/SimCSE.
 
-The SentEval file readers live in the core module `hf_mocose.data.sts_files` (the trainer reads STS-B
-dev with them). This module names the tasks (STS12-16, STS-B, SICK-R), loads them and scores an encoder
-on them; and it computes the representation diagnostics on STS-B sentences, as in the SimCSE and MoCoSE
-papers (`diagnose`):
+Names the tasks (STS12-16, STS-B, SICK-R; the file readers are `hf_mocose.data.sts_files`), loads them and scores
+an encoder on them; and computes the representation diagnostics on STS-B sentences, as the SimCSE and MoCoSE papers
+(`diagnose`):
 
-* alignment (Wang & Isola, 2020) = E ||f(x) - f(y)||^2 over STS-B pairs with gold score >= 4 (lower:
-  positives closer);
-* uniformity = log E exp(-2 ||f(x) - f(y)||^2) over all pairs of distinct STS-B sentences (lower:
-  embeddings spread more evenly over the sphere);
-* spectrum = singular values of the `(n, dim)` matrix of L2-normalised STS-B sentence embeddings,
-  divided by the largest one; a fast decay means a few directions dominate (anisotropy / collapse).
+* alignment (Wang & Isola, 2020) = E ||f(x) - f(y)||^2 over STS-B pairs with gold score >= 4 (lower: positives
+  closer);
+* uniformity = log E exp(-2 ||f(x) - f(y)||^2) over all pairs of distinct STS-B sentences (lower: more even);
+* spectrum = singular values of the `(n, dim)` matrix of L2-normalised STS-B sentence embeddings, divided by the
+  largest one; a fast decay means a few directions dominate (anisotropy / collapse).
 """
 
 from __future__ import annotations
@@ -100,10 +98,8 @@ def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
 
 
 def sts_correlation(embeddings1, embeddings2, gold) -> dict:
-    """Cosine similarity of paired embeddings `(n, dim)` against gold `(n,)`.
-
-    Returns ``{"spearman": float, "pearson": float, "n": int}``, correlations x100.
-    """
+    """Cosine similarity of paired embeddings `(n, dim)` against gold `(n,)`: ``{"spearman", "pearson", "n"}``,
+    correlations x100."""
     return score_correlation(cosine_scores(embeddings1, embeddings2), gold)
 
 
@@ -118,25 +114,18 @@ def aggregate_sets(per_set: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     concat = score_correlation(predicted, gold)
     sets = {name: score_correlation(p, g) for name, (p, g) in per_set.items()}
     weights = np.array([s["n"] for s in sets.values()], dtype=np.float64)
-    wmean = {
-        key: float(np.average([s[key] for s in sets.values()], weights=weights)) for key in ("spearman", "pearson")
-    }
-    return {
-        "all": {"spearman": concat["spearman"], "pearson": concat["pearson"]},
-        "wmean": wmean,
-        "n": concat["n"],
-        "sets": sets,
-    }
+    wmean = {key: float(np.average([s[key] for s in sets.values()], weights=weights))
+             for key in ("spearman", "pearson")}
+    return {"all": {"spearman": concat["spearman"], "pearson": concat["pearson"]}, "wmean": wmean, "n": concat["n"],
+            "sets": sets}
 
 
-def evaluate_sts_task(
-    encode: Callable[[list[str]], torch.Tensor], sets: dict[str, StsPairs], aggregation: str = "all"
-) -> dict:
-    """Scores one STS task with `encode` (sentences -> `(n, dim)` embeddings).
+def evaluate_sts_task(encode: Callable[[list[str]], torch.Tensor], sets: dict[str, StsPairs],
+                      aggregation: str = "all") -> dict:
+    """Scores one STS task with `encode` (sentences -> `(n, dim)` embeddings), each distinct sentence encoded once.
 
-    Every distinct sentence of the task is encoded once, in one length-sorted pass. Returns
-    ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (correlations x100;
-    the headline numbers follow `aggregation`).
+    Returns ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (correlations x100; the
+    headline numbers follow `aggregation`).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
@@ -151,7 +140,6 @@ def evaluate_sts_task(
 
 
 # ----------------------------------------------------------------- diagnostics
-
 def alignment(x: torch.Tensor, y: torch.Tensor, alpha: float = 2.0) -> float:
     """Mean ``||x_i - y_i||^alpha`` of L2-normalised positive pairs `x`, `y`: `(n, dim)` each."""
     x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
@@ -183,30 +171,21 @@ def load_stsb_for_diagnostics(senteval_dir: str | Path, split: str | None = None
             raise ValueError(f"unknown STS-B split {name!r}; choose one of {', '.join(STSB_SPLITS)}")
         if (base / f"sts-{name}.csv").is_file() or split:
             return read_sts_benchmark(base / f"sts-{name}.csv"), name
-    raise FileNotFoundError(
-        f"no STS-B file under {base} (looked for sts-test.csv, sts-dev.csv, sts-train.csv); "
-        "diagnostics need <dir>/STS/STSBenchmark/sts-{train,dev,test}.csv"
-    )
+    raise FileNotFoundError(f"no STS-B file under {base} (looked for sts-test.csv, sts-dev.csv, sts-train.csv); "
+                            "diagnostics need <dir>/STS/STSBenchmark/sts-{train,dev,test}.csv")
 
 
 def diagnose(encode: Callable[[list[str]], torch.Tensor], pairs: StsPairs, positive_threshold: float = 4.0) -> dict:
-    """Alignment, uniformity and spectrum of `encode` on `pairs`.
-
-    Returns ``{"alignment", "uniformity", "n_positive_pairs", "n_sentences", "singular_values"}``.
-    """
+    """Alignment, uniformity and spectrum of `encode` on `pairs`:
+    ``{"alignment", "uniformity", "n_positive_pairs", "n_sentences", "singular_values"}``."""
     unique, emb = _encode_once(encode, [pairs])
     positives = [i for i, score in enumerate(pairs.scores) if score >= positive_threshold]
     if not positives:
         raise ValueError(f"no STS-B pair has a gold score >= {positive_threshold}; cannot compute alignment")
     x = emb[[unique[pairs.sentences1[i]] for i in positives]]
     y = emb[[unique[pairs.sentences2[i]] for i in positives]]
-    return {
-        "alignment": alignment(x, y),
-        "uniformity": uniformity(emb),
-        "n_positive_pairs": len(positives),
-        "n_sentences": len(unique),
-        "singular_values": singular_spectrum(emb).tolist(),
-    }
+    return {"alignment": alignment(x, y), "uniformity": uniformity(emb), "n_positive_pairs": len(positives),
+            "n_sentences": len(unique), "singular_values": singular_spectrum(emb).tolist()}
 
 
 def plot_spectra(spectra: dict[str, list[float]], path: str | Path, title: str = "") -> str:
