@@ -119,9 +119,8 @@ def _fit_cv(X: np.ndarray, y: np.ndarray, seed: int, inner_folds: int):
     cv = StratifiedKFold(n_splits=inner_folds, shuffle=True, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence / future warnings from sklearn
-        return LogisticRegressionCV(
-            Cs=list(SENTEVAL_CS), cv=cv, scoring="accuracy", max_iter=1000, random_state=seed
-        ).fit(X, y)
+        return LogisticRegressionCV(Cs=list(SENTEVAL_CS), cv=cv, scoring="accuracy", max_iter=1000,
+                                    random_state=seed).fit(X, y)
 
 
 def kfold_accuracy(X, y, seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
@@ -141,13 +140,9 @@ def train_test_accuracy(X_train, y_train, X_test, y_test, seed: int = DEFAULT_SE
     X_train, X_test = np.asarray(X_train, dtype=np.float64), np.asarray(X_test, dtype=np.float64)
     clf = _fit_cv(X_train, np.asarray(y_train), seed, inner_folds)
     predicted = clf.predict(X_test)
-    return {
-        "accuracy": 100 * float((predicted == np.asarray(y_test)).mean()),
-        "n": int(len(y_test)),
-        "C": float(clf.C_[0]),
-        "predicted": predicted,
-        "protocol": f"train/test, C by {inner_folds}-fold CV on train",
-    }
+    return {"accuracy": 100 * float((predicted == np.asarray(y_test)).mean()), "n": int(len(y_test)),
+            "C": float(clf.C_[0]), "predicted": predicted,
+            "protocol": f"train/test, C by {inner_folds}-fold CV on train"}
 
 
 def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int = DEFAULT_SEED) -> dict:
@@ -162,13 +157,8 @@ def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int 
         if best is None or dev_acc > best[0]:  # ties keep the smaller C (stronger regularisation)
             best = (dev_acc, C, clf)
     dev_acc, C, clf = best
-    return {
-        "accuracy": 100 * float((clf.predict(X_test) == np.asarray(y_test)).mean()),
-        "dev_accuracy": 100 * dev_acc,
-        "n": int(len(y_test)),
-        "C": float(C),
-        "protocol": "train/dev/test, C on dev",
-    }
+    return {"accuracy": 100 * float((clf.predict(X_test) == np.asarray(y_test)).mean()), "dev_accuracy": 100 * dev_acc,
+            "n": int(len(y_test)), "C": float(C), "protocol": "train/dev/test, C on dev"}
 
 
 def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> list[np.ndarray]:
@@ -182,19 +172,10 @@ def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> l
     return [emb[[unique[s] for s in group]] for group in groups]
 
 
-def evaluate_transfer_task(
-    encode: Callable[[list[str]], torch.Tensor],
-    senteval_dir: str | Path,
-    task: str,
-    seed: int = DEFAULT_SEED,
-    kfold: int = 10,
-    inner_folds: int = 5,
-) -> dict:
+def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval_dir: str | Path, task: str,
+                           seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Runs one transfer task; returns ``{"accuracy": x100, "n": test examples, "protocol": ..., ...}``."""
-    paths = transfer_task_files(senteval_dir, task)
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"missing SentEval file {path}; {TRANSFER_LAYOUT_HELP}")
+    paths = transfer_task_files(senteval_dir, task)  # every file is read (`_lines` checks it) before encoding
     if task in ("mr", "cr", "subj", "mpqa"):
         sentences, y = load_binary(*paths)
         (X,) = _embed(encode, sentences)
