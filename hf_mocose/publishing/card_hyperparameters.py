@@ -1,10 +1,8 @@
 """The hyper-parameters a model card shows: which, under what label, and what an unset (None) value meant.
 
-The training arguments come from the run's card facts (`card_facts.json`, collected while training by
-`hf_mocose.publishing.model_card.save_card_facts`; the Trainer's pickled `training_args.bin` is never read),
-the model's from the checkpoint's `config.json`. Every row carries the value the run used: an argument left
-at None is shown as what None stood for (the heads' learning rate = the encoder's; the predictor width =
-the key width, in numbers), never as "None"; optional switches left off are not listed.
+The training arguments come from the run's card facts (`card_facts.json`; the pickled `training_args.bin` is never
+read), the model's from the checkpoint's `config.json`. An argument left at None is shown as what None stood for
+(e.g. the heads' learning rate = the encoder's), never as "None"; optional switches left off are not listed.
 """
 
 from __future__ import annotations
@@ -24,33 +22,19 @@ def _setting_rows(*groups: str) -> dict[str, str]:
 TRAINING_FIELDS = {
     **_setting_rows("target", "fgsm"),
     "per_device_train_batch_size": "batch size per device",
-    "gradient_accumulation_steps": "gradient accumulation steps",
-    "world_size": "processes",
+    "gradient_accumulation_steps": "gradient accumulation steps", "world_size": "processes",
     "learning_rate": "learning rate (encoder)",
     **_setting_rows("optimizer"),
-    "optim": "optimizer",
-    "adam_beta1": "Adam β1",
-    "adam_beta2": "Adam β2",
-    "adam_epsilon": "Adam ε",
-    "weight_decay": "weight decay",
-    "max_grad_norm": "gradient clipping (max norm)",
+    "optim": "optimizer", "adam_beta1": "Adam β1", "adam_beta2": "Adam β2", "adam_epsilon": "Adam ε",
+    "weight_decay": "weight decay", "max_grad_norm": "gradient clipping (max norm)",
     "bf16": "mixed precision",  # one row for bf16/fp16, see `_mixed_precision`
-    "num_train_epochs": "epochs",
-    "max_steps": "max optimizer steps",
-    "lr_scheduler_type": "LR schedule",
-    "warmup_steps": "warm-up steps",
-    "seed": "seed",
-    "load_best_model_at_end": "checkpoint exported",
+    "num_train_epochs": "epochs", "max_steps": "max optimizer steps", "lr_scheduler_type": "LR schedule",
+    "warmup_steps": "warm-up steps", "seed": "seed", "load_best_model_at_end": "checkpoint exported",
     # method-family switches, shown when the run set them
-    "queue_slice": "negatives: queue ages (0 = newest)",
-    "target_mtd": "target maximum traceable distance",
-    "token_shuffle": "token shuffle",
-    "token_cutoff": "token cutoff rate",
-    "feature_cutoff": "feature cutoff rate",
-    "augmentation_views": "views the embedding augmentations reach",
-    "hard_negatives": "hard negatives",
-    "una_frequency": "UNA negatives every f steps",
-    "una_usage": "UNA sentences used as",
+    "queue_slice": "negatives: queue ages (0 = newest)", "target_mtd": "target maximum traceable distance",
+    "token_shuffle": "token shuffle", "token_cutoff": "token cutoff rate", "feature_cutoff": "feature cutoff rate",
+    "augmentation_views": "views the embedding augmentations reach", "hard_negatives": "hard negatives",
+    "una_frequency": "UNA negatives every f steps", "una_usage": "UNA sentences used as",
 }
 # Recorded beside TRAINING_FIELDS because a row is read from them.
 RECORDED_EXTRA = ("fp16", "metric_for_best_model")
@@ -98,7 +82,7 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
         train.pop("una_usage", None)
     if not any(train.get(name) for name in ("token_shuffle", "token_cutoff", "feature_cutoff")):
         train.pop("augmentation_views", None)
-    if "fgsm_mode" in train and train["fgsm_mode"] == "off":
+    if train.get("fgsm_mode") == "off":
         for name in ("fgsm_epsilon", "fgsm_epsilon_unit", "fgsm_views"):
             train.pop(name, None)
     if "bf16" in train:
