@@ -48,9 +48,8 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         max_train_samples: keep only the first N sentences.
         fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
         positive_column: a given positive of each sentence (e.g. a paraphrase), kept as `positive_text`.
-        streaming: an `IterableDataset` read as training goes (`load_dataset(..., streaming=True)`), for corpora that
-            do not fit in memory: blank lines are dropped as they stream; rows cannot be counted beforehand, so an
-            empty file is refused only when it has 0 bytes, and rows with an empty positive are not looked for.
+        streaming: an `IterableDataset` read as training goes, for corpora that do not fit in memory: blank lines
+            are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for.
     """
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
@@ -72,7 +71,6 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         dataset = load_dataset(dataset_name, dataset_config, split=dataset_split, streaming=streaming)
     else:
         raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
-
     optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text")}
     for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
         if column is not None and column not in dataset.column_names:
@@ -95,9 +93,8 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
 
 
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
-    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left. Both doors run
-    it before any work: `scripts/train.py` (through `load_sentences`) and `MoCoSETrainer(train_dataset=...)` with a
-    `text` column. An `IterableDataset` is filtered as it streams (its rows cannot be counted before training)."""
+    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left (an
+    `IterableDataset` is filtered as it streams, uncounted). Both `load_sentences` and `MoCoSETrainer` run it."""
     if isinstance(dataset, Dataset) and len(dataset) == 0:
         raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
     kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
@@ -121,8 +118,7 @@ def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_pro
     removed = [] if keep_text else [c for c in TEXT_COLUMNS if c in dataset.column_names]
     if isinstance(dataset, Dataset):
         return dataset.map(encode, batched=True, remove_columns=removed, num_proc=num_proc, desc="Tokenizing")
-    # An IterableDataset tokenises lazily, as it streams (no worker processes, no progress bar); its columns
-    # are declared, so that they are known before the first row is read (the trainers check them).
+    # Streamed: tokenised lazily (no workers, no progress bar); its columns declared, as the trainers check them.
     return dataset.map(encode, batched=True, remove_columns=removed, features=_tokenized_features(dataset, encode, removed))
 
 
@@ -149,12 +145,10 @@ def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: in
 class ContrastiveCollator:
     """Pads tokenised sentences into `(B, L)` batches; with a UNA augmenter, also each sentence's hard negative.
 
-    Features carry `input_ids`, `attention_mask` (...), given positives' `positive_input_ids` (...), padded apart,
-    IFCL's `fraternal_input_ids` / `fraternal_attention_mask` (already padded to `max_length`, stacked as they
-    are), and `text` when hard negatives are on: those come out as `negative_input_ids`, `negative_attention_mask`
-    (...). Their draws are seeded by `seed` and the batch's own text, so they are the same in every dataloader
-    worker, after a resume, and on every rank. `pad_to_max_length` pads every batch to `max_length` (FGSM
-    "previous" needs fixed shapes); `una_augmenter` is a `hf_mocose.methods.una.UNAAugmenter`, or None.
+    Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded to `max_length`) are
+    stacked as they are; with `una_augmenter` (a `UNAAugmenter`) the `text` gives `negative_*`, drawn with `seed`
+    and the batch's text, so the same in every worker, after a resume, and on every rank. `pad_to_max_length`
+    pads every batch to `max_length` (FGSM "previous" needs fixed shapes).
     """
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
