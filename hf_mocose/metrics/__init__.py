@@ -1,10 +1,7 @@
 """`evaluate` metric scripts shipped with hf-mocose (installed as package data: metrics/*.py), and their scoring.
 
-`score_correlation` is the one implementation of the STS correlation: `hf-mocose evaluate`
-(`hf_mocose.evaluation.sts`) and the metric script (`sts_correlation.py`) both score with it, so a number
-never depends on which of the two computed it. `evaluate.load` takes a metric script by file path and
-imports it on its own, outside the package, so the script reaches it by absolute import
-(`hf_mocose.metrics.score_correlation`). This package also says where the scripts are.
+`score_correlation` is the one implementation of the STS correlation: `hf-mocose evaluate` and the metric script
+(`sts_correlation.py`, which `evaluate.load` imports by file path, so by absolute import) both score with it.
 
 May import: nothing else from `hf_mocose` (the base layer: `evaluation` imports it).
 """
@@ -38,9 +35,8 @@ CONSTANT_SPREAD = 1e-9
 def score_correlation(predicted, gold) -> dict:
     """Spearman and Pearson (both x100) of `predicted` `(n,)` vs `gold` `(n,)`, plus the pair count `n`.
 
-    A constant input has no correlation: `nan` for both when the predictions spread by at most
-    `CONSTANT_SPREAD` or the gold scores are all equal. Fewer than 2 pairs, or different lengths, is a
-    `ValueError`.
+    `nan` for both when the predictions spread by at most `CONSTANT_SPREAD` or the gold scores are all equal;
+    a `ValueError` for fewer than 2 pairs or different lengths.
     """
     from scipy.stats import pearsonr, spearmanr
 
@@ -51,11 +47,8 @@ def score_correlation(predicted, gold) -> dict:
         raise ValueError("a correlation needs at least 2 pairs")
     if np.ptp(predicted) <= CONSTANT_SPREAD or np.ptp(gold) == 0:
         return {"spearman": float("nan"), "pearson": float("nan"), "n": int(len(gold))}
-    return {
-        "spearman": float(spearmanr(predicted, gold)[0] * 100),
-        "pearson": float(pearsonr(predicted, gold)[0] * 100),
-        "n": int(len(gold)),
-    }
+    return {"spearman": float(spearmanr(predicted, gold)[0] * 100),
+            "pearson": float(pearsonr(predicted, gold)[0] * 100), "n": int(len(gold))}
 
 
 __all__ = ["CONSTANT_SPREAD", "METRICS_DIR", "load_sts_correlation", "score_correlation", "sts_correlation_path"]

@@ -1,10 +1,8 @@
 """STS correlation: Spearman and Pearson (x100) between predicted and gold similarity scores.
 
-An `evaluate` metric script, so `evaluate.load(path_to_this_file)` works offline, unlike
-`evaluate.load("spearmanr")`, which needs the Hugging Face Hub. Get the path with
-`hf_mocose.metrics.sts_correlation_path()`. `evaluate.load` imports the script by file path, outside the
-package, so it reaches the scoring by absolute import: `hf_mocose.metrics.score_correlation`,
-the function `hf-mocose evaluate` scores with (same numbers, same `nan` rule for constant inputs).
+An `evaluate` metric script, so `evaluate.load(hf_mocose.metrics.sts_correlation_path())` works offline, unlike
+`evaluate.load("spearmanr")`. It scores with `hf_mocose.metrics.score_correlation` (absolute import: `evaluate.load`
+imports the script outside the package), as `hf-mocose evaluate` does.
 """
 
 import datasets
@@ -53,9 +51,8 @@ class StsCorrelation(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("float64"),
+                                        "references": datasets.Value("float64")}),
             reference_urls=["https://github.com/facebookresearch/SentEval"],
         )
 
