@@ -14,11 +14,9 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds `export` and `push` to the `hf-mocose` parser."""
     export = subparsers.add_parser(
-        "export",
-        help="Export a MoCoSE checkpoint as a sentence-transformers model folder with a model card.",
+        "export", help="Export a MoCoSE checkpoint as a sentence-transformers model folder with a model card.",
         description="Writes the online branch of CHECKPOINT as a sentence-transformers model (Transformer -> "
-        "Pooling [-> Dense for cls_dense]) plus README.md, and checks it reproduces the checkpoint's embeddings.",
-    )
+        "Pooling [-> Dense for cls_dense]) plus README.md, and checks it reproduces the checkpoint's embeddings.")
     export.add_argument("checkpoint", help="MoCoSE checkpoint folder (e.g. <output_dir>/final).")
     export.add_argument("output_dir", help="Folder to write; must be absent or empty unless --overwrite.")
     export.add_argument("--overwrite", action="store_true", help="Replace a non-empty OUTPUT_DIR.")
@@ -39,11 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.set_defaults(func=run_export)
 
     push = subparsers.add_parser(
-        "push",
-        help="Upload an exported folder to the Hugging Face Hub.",
+        "push", help="Upload an exported folder to the Hugging Face Hub.",
         description="Creates the repo if needed and uploads OUTPUT_DIR to its root with huggingface_hub. The token "
-        "comes from HF_TOKEN or `hf auth login`.",
-    )
+        "comes from HF_TOKEN or `hf auth login`.")
     push.add_argument("output_dir", help="Folder written by `hf-mocose export`.")
     push.add_argument("--repo_id", required=True, help="Target repo, 'namespace/name'.")
     push.add_argument("--private", action="store_true", help="Create the repo as private (ignored if it exists).")
@@ -58,18 +54,15 @@ def run_export(args: argparse.Namespace) -> int:
 
     card_kwargs = {}
     if not args.no_card:
-        card_kwargs = dict(
-            repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets, corpus=args.corpus,
-            language=args.language, license=args.license, template=args.template,
-        )
+        card_kwargs = dict(repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets,
+                           corpus=args.corpus, language=args.language, license=args.license, template=args.template)
         if args.repo_id:
             from .hub import validate_repo_id
 
             validate_repo_id(args.repo_id)
-    out = export_to_sentence_transformers(
-        args.checkpoint, args.output_dir, overwrite=args.overwrite, max_seq_length=args.max_seq_length,
-        eval_results=args.eval_results, write_card=not args.no_card, **card_kwargs,
-    )
+    out = export_to_sentence_transformers(args.checkpoint, args.output_dir, overwrite=args.overwrite,
+                                          max_seq_length=args.max_seq_length, eval_results=args.eval_results,
+                                          write_card=not args.no_card, **card_kwargs)
     print(f"Exported {args.checkpoint} to {out} (load it with SentenceTransformer({str(out)!r})).")
     return 0
 
@@ -78,10 +71,8 @@ def run_push(args: argparse.Namespace) -> int:
     from .hub import HubPushError, push_export
 
     try:
-        result = push_export(
-            args.output_dir, args.repo_id, private=args.private or None, revision=args.revision,
-            commit_message=args.commit_message, dry_run=args.dry_run,
-        )
+        result = push_export(args.output_dir, args.repo_id, private=args.private or None, revision=args.revision,
+                             commit_message=args.commit_message, dry_run=args.dry_run)
     except HubPushError as err:
         print(f"hf-mocose push: error: {err}", file=sys.stderr)
         return 1
