@@ -1,14 +1,13 @@
 """The `hf-mocose` command line, and how every entry point reports a failure.
 
-Each feature module owns its sub-commands through a `register(subparsers)` function; this file only
-names them. A settings mistake prints one line and exits with status 2:
+Each feature module owns its sub-commands through a `register(subparsers)` function; this file only names them.
+A settings mistake (a `ValueError`, `FileNotFoundError`, `NotADirectoryError` or `HubPushError` raised by a `raise`
+statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`) prints one line and exits
+with status 2:
 
-    python scripts/train.py --per_device_train_batch_size 0 ...
     train.py: error: per_device_train_batch_size must be >= 1, got 0. (HF_MOCOSE_DEBUG=1 shows the traceback)
 
-A settings mistake is a `ValueError`, `FileNotFoundError`, `NotADirectoryError` or `HubPushError` raised by a
-`raise` statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`. Anything else
-(a bug, a crash inside a library) keeps Python's traceback, and `HF_MOCOSE_DEBUG=1` shows every traceback.
+Anything else (a bug, a crash inside a library) keeps Python's traceback; `HF_MOCOSE_DEBUG=1` shows every one.
 """
 
 from __future__ import annotations
@@ -27,11 +26,9 @@ COMMAND_OWNERS = {"evaluate": "hf_mocose.evaluation.commands", "diagnose": "hf_m
                   "mtd": "hf_mocose.methods.mtd"}
 COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
-# OpenMP threads that have no work spin for a while before they sleep (GNU OpenMP's active wait). On a
-# machine whose cores other processes also use, the spinning thread takes the core from the one doing the
-# work: `hf-mocose evaluate` with torch's 2 threads on a loaded 2-core machine took 2.4x the CPU time and
-# 2.2x the wall time of a run that waits passively (docs/evaluation.md). Read when torch loads OpenMP, so set
-# before any sub-command imports torch; a value the user set is kept.
+# Idle OpenMP threads spin before they sleep, taking cores shared with other processes from the working thread
+# (2.2x the wall time on a loaded 2-core machine, docs/evaluation.md). Read when torch loads OpenMP, so set before
+# any sub-command imports torch; a value the user set is kept.
 OPENMP_WAIT_POLICY = "PASSIVE"
 
 DEBUG_ENV = "HF_MOCOSE_DEBUG"
@@ -43,9 +40,8 @@ _ARGUMENT_CHECKS = ("transformers/training_args.py", "transformers/hf_argparser.
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `hf-mocose` parser; for a known `command` only its own module is imported and registered (the
     others import torch and transformers), otherwise all of them (`--help`, a mistyped command)."""
-    parser = argparse.ArgumentParser(
-        prog="hf-mocose", description="Momentum-contrastive sentence embeddings on the Hugging Face stack."
-    )
+    parser = argparse.ArgumentParser(prog="hf-mocose",
+                                     description="Momentum-contrastive sentence embeddings on the Hugging Face stack.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     owner = COMMAND_OWNERS.get(command)
     for module_name in [owner] if owner in COMMAND_MODULES else COMMAND_MODULES:
@@ -78,9 +74,8 @@ def is_user_error(err: BaseException) -> bool:
 
 
 def run_command(prog: str, command: Callable[[], object]) -> int:
-    """Runs an entry point and returns its exit status: a settings mistake is printed as one line on stderr
-    (status 2); anything else, or any error under `HF_MOCOSE_DEBUG=1`, propagates with its traceback. An int
-    result is the status, any other result means success (0)."""
+    """Runs an entry point and returns its exit status: a settings mistake is one line on stderr (status 2), any
+    other error propagates. An int result is the status, any other result means success (0)."""
     try:
         result = command()
     except Exception as err:
