@@ -1,16 +1,12 @@
 """What is refused before any work, in one line: a model that cannot be loaded, and Trainer switches that cannot work.
 
-A model folder must hold whole weights. A Hub id is asked of the Hub once, with huggingface_hub's own metadata
-request for its `config.json` (no retries), whose errors say what is wrong: no network, no such repo (or a
-private one), a gated repo, a missing revision, no `config.json`. Without this check `from_pretrained` would retry
-an unreachable Hub for ~25 s and end in a chain of tracebacks.
+A model folder must hold whole weights. A Hub id is asked of the Hub once, with one metadata request for its
+`config.json` (no retries: `from_pretrained` would retry an unreachable Hub for ~25 s and end in a chain of
+tracebacks), whose errors say what is wrong.
 
-Most Trainer switches work with MoCoSE as they are (docs/trainer_switches.md has the table and the test of each);
-`check_trainer_switches` refuses those that would crash at some later step or be silently ignored: NEFTune (noise
-on the word embeddings, which MoCoSE perturbs with FGSM; it would also reach the target), label smoothing (InfoNCE
-has no labels), fp16 on the CPU (accelerate trains fp32 there, without a word), sequence lengths beyond the
-encoder's position limit (a tensor-size error later), a `metric_for_best_model` that `evaluate()` never returns
-(transformers' KeyError at the first evaluation).
+Most Trainer switches work with MoCoSE as they are (docs/trainer_switches.md); `check_trainer_switches` refuses
+those that would crash at some later step or be silently ignored: NEFTune, label smoothing, fp16 on the CPU,
+sequence lengths beyond the encoder's position limit, a `metric_for_best_model` that `evaluate()` never returns.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ STS_METRICS = (f"{STS_EVALUATOR_NAME}_spearman", f"{STS_EVALUATOR_NAME}_pearson"
 
 
 def check_model_source(name_or_path: str, field: str = "model_name_or_path", location: dict | None = None) -> None:
-    """Fails with one message naming `name_or_path` unless it is a model folder with whole weights or a Hub id
-    that the Hub (or, offline or without network, the local cache) has: see the module. `location`: `revision`,
-    `subfolder`, `token` (as `from_pretrained` takes them)."""
+    """Fails with one message naming `name_or_path` unless it is a model folder with whole weights or a Hub id the
+    Hub (offline: the local cache) has. `location`: `revision`, `subfolder`, `token`, as `from_pretrained` takes."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -122,12 +117,8 @@ def check_trainer_switches(trainer) -> None:
 
 
 def check_metric_for_best_model(args, eval_dataset) -> None:
-    """Refuses a `metric_for_best_model` the STS evaluation never returns, when training evaluates.
-
-    transformers reads the metric at every evaluation during training (best checkpoint, `load_best_model_at_end`,
-    `save_strategy="best"`, plateau schedulers), adding `eval_` when missing; `Trainer.evaluate` prefixes each
-    dataset of a dict of eval datasets with `eval_{name}_`.
-    """
+    """Refuses a `metric_for_best_model` the STS evaluation never returns (transformers' KeyError at the first
+    evaluation otherwise), when training evaluates; `eval_` may be left out, as transformers adds it."""
     metric = args.metric_for_best_model
     if metric is None or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
         return
