@@ -9,7 +9,7 @@ Layout read (the SentEval ``data/downstream`` folder)::
     <dir>/SICK/SICK_{train,trial,test_annotated}.txt  pair_ID TAB s1 TAB s2 TAB relatedness TAB ... (header row)
 
 Every file is split on tabs by hand: its sentences hold unbalanced quotes that a csv parser would swallow (which
-silently drops pairs from STS-B). The trainer reads STS-B dev with it, and `hf_mocose.evaluation.sts` its tasks.
+silently drops pairs from STS-B).
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LAYOUT_HELP = (
-    "expected the SentEval layout: <dir>/STS/STS1{2..6}-en-test/STS.input.<set>.txt + STS.gs.<set>.txt, "
-    "<dir>/STS/STSBenchmark/sts-{train,dev,test}.csv, <dir>/SICK/SICK_{train,trial,test_annotated}.txt"
-)
+LAYOUT_HELP = ("expected the SentEval layout: <dir>/STS/STS1{2..6}-en-test/STS.input.<set>.txt + STS.gs.<set>.txt, "
+               "<dir>/STS/STSBenchmark/sts-{train,dev,test}.csv, <dir>/SICK/SICK_{train,trial,test_annotated}.txt")
 
 
 @dataclass
@@ -39,8 +37,7 @@ class StsPairs:
 
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a text file without their line ends; UTF-8 (BOM dropped), else latin-1 (older SentEval files).
-    Not ``str.splitlines()``: it also splits on characters such as U+2028 or \\x1c inside sentences, which would
-    shift the input file against its gold file."""
+    Not ``str.splitlines()``: it splits on U+2028 or \\x1c inside sentences, shifting input against gold lines."""
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8-sig")
