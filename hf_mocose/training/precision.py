@@ -1,11 +1,10 @@
 """Mixed precision: the target's no-grad forward under the online forward's autocast, and native bf16 detection.
 
-With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`: matrix
-products run in the low-precision dtype, the weights stay fp32. The EMA target's forward must run under the same
-autocast while its weights stay fp32: the EMA moves them by (1 - eta) * delta per step, which bf16 would round
-away. `MoCoSETrainer`'s target runs inside `MoCoSEModel.forward`, covered with nothing added here. `MoCoSELoss`
-calls its target itself, outside the model's `forward`: `recorded_autocast` reads the autocast the online forward
-ran under and `AutocastState.context()` enters the same one (CPU or CUDA: the state names its device type).
+With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`. The EMA
+target's forward must run under the same autocast while its weights stay fp32 (bf16 would round away the EMA's
+(1 - eta) * delta steps). `MoCoSETrainer`'s target runs inside `MoCoSEModel.forward`; `MoCoSELoss` calls its target
+outside it, so `recorded_autocast` reads the autocast the online forward ran under and `AutocastState.context()`
+enters the same one.
 """
 
 from __future__ import annotations
@@ -56,18 +55,16 @@ def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's cpuinfo reads them), so that bf16
-    autocast is worth choosing by default there (measured on an AVX512-BF16 CPU: docs/performance.md). Elsewhere
-    bf16 is emulated and was not measured here; a torch without these probes answers False."""
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where bf16 autocast is worth choosing by
+    default (docs/performance.md); a torch without these probes answers False."""
     probes = [getattr(torch.cpu, name, None) for name in NATIVE_BF16_CPU_PROBES]
     return any(probe() for probe in probes if probe is not None)
 
 
 def choose_auto_bf16(device: torch.device, deepspeed: bool = False) -> tuple[bool, str]:
-    """What `bf16: auto` (the quickstart recipe's) resolves to for training on `device`, and why: bf16 autocast on
-    a CPU that computes bf16 natively (measured there: about 0.6x the fp32 step time at the same STS quality,
-    docs/performance.md and docs/quality.md); fp32 elsewhere, including GPUs (not measured here) and under
-    DeepSpeed, which would cast the whole model to bf16, the EMA target included."""
+    """What `bf16: auto` resolves to for training on `device`, and why: bf16 on a CPU that computes it natively
+    (about 0.6x the fp32 step time at the same STS quality, docs/performance.md); fp32 elsewhere, including GPUs
+    (not measured) and under DeepSpeed (which would cast the EMA target to bf16)."""
     if deepspeed:
         return False, "under DeepSpeed bf16 would cast the EMA target to bf16 too"
     if device.type != "cpu":
