@@ -1,19 +1,13 @@
 """Which checkpoint a run resumes from, and whether a checkpoint folder is whole and fits the model.
 
-A Trainer checkpoint (`Trainer._save_checkpoint`, transformers 5.x) is written file by file:
-config.json and the weights (`save_model`), the tokenizer and training_args.bin, then
-optimizer.pt, scheduler.pt and rng_state*.pth (and FGSM's fgsm_state_rank*.pt), and
-trainer_state.json last. safetensors writes the weights to a `.tmpXXXXXX` file in the same folder
-and renames it when done. So a process killed while saving leaves a folder with a temporary file,
-or without the later files, and a weights file cut short by a full disk or an interrupted copy is
-shorter than its own header says. Such a folder is *incomplete*: `--resume_from_checkpoint last`
-skips it (saying why) and picks the newest complete one; naming it explicitly is refused with the
-previous complete checkpoint as the way out; and a resumed run deletes the interrupted folders it
-will write again, so no stale file is carried into the new checkpoints.
+A Trainer checkpoint is written file by file, trainer_state.json last, and safetensors writes the weights to a
+`.tmpXXXXXX` file renamed when done; so a process killed while saving leaves a temporary file or misses later files,
+and a weights file cut short (full disk, interrupted copy) is shorter than its header says. Such a folder is
+*incomplete*: `--resume_from_checkpoint last` skips it (saying why); naming it is refused, with the previous complete
+checkpoint as the way out; a resumed run deletes the interrupted folders it will write again.
 
-A checkpoint also has to fit the model being trained: a field that changes a weight's shape
-(queue_size, the head depths and widths, the method, the encoder) is refused by name with both
-values before any step; other changed model fields only warn.
+A checkpoint also has to fit the model: a field that changes a weight's shape (queue_size, the heads, the method,
+the encoder) is refused by name with both values before any step; other changed model fields only warn.
 """
 
 from __future__ import annotations
@@ -55,12 +49,8 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 
 def safetensors_problem(path: str | os.PathLike) -> str | None:
-    """Why a `.safetensors` file is unusable (missing, cut short, damaged), or None if it is whole.
-
-    The verdict is `safetensors.safe_open`'s, the reader transformers loads weights with: it
-    checks the header (length, JSON, each tensor's dtype, shape and byte range) and that the data
-    covers the file exactly, reading only the header (the data is memory-mapped, not read).
-    """
+    """Why a `.safetensors` file is unusable (missing, cut short, damaged), or None if it is whole: the verdict
+    of `safetensors.safe_open` (the reader transformers loads with), which reads only the header."""
     path = Path(path)
     if not path.is_file():
         return f"{path} is missing"
@@ -72,12 +62,8 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
 
 
 def _describe_damage(path: Path, err: SafetensorError) -> str:
-    """One line for a file `safe_open` refused: where it was cut off and how long it should be.
-
-    `safe_open` says what is wrong ("incomplete metadata, file not fully covered") but not the
-    sizes, so the expected size is read off the file's own header: an 8-byte little-endian
-    header length, the JSON header, then the data up to the last tensor's end offset.
-    """
+    """One line for a file `safe_open` refused: where it was cut off and how long it should be (`safe_open`
+    gives no sizes, so the expected one is read off the file's own header)."""
     size = path.stat().st_size
     with path.open("rb") as handle:
         header_length = int.from_bytes(handle.read(8), "little")
@@ -146,10 +132,8 @@ def interrupted_save_problems(folder: str | os.PathLike) -> list[str]:
 
 
 def checkpoint_problems(folder: str | os.PathLike, model_only: bool = False) -> list[str]:
-    """Why `folder` cannot be resumed from exactly (empty when it is complete).
-
-    `model_only`: the run saves without optimizer state (`save_only_model`), so none is required.
-    """
+    """Why `folder` cannot be resumed from exactly (empty when it is complete); `model_only` (`save_only_model`):
+    no optimizer state required."""
     folder = Path(folder)
     try:
         problems = interrupted_save_problems(folder)
@@ -205,10 +189,7 @@ def check_weights_complete(folder: str | os.PathLike, action: str = "resume from
 
 def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_only: bool = False) -> str | None:
     """The checkpoint folder to resume from for `resume_from_checkpoint=value`, checked; None for a fresh start.
-
-    `last` (also `latest`, `true`, True) picks the newest complete `checkpoint-N` of `output_dir`
-    and logs why it skipped any newer one; an explicit folder must exist and be complete.
-    """
+    `last` (`latest`, `true`, True) picks the newest complete `checkpoint-N`, logging why it skipped newer ones."""
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in NO_CHECKPOINT_VALUES):
         return None
     if value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES:
@@ -242,12 +223,8 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
 
 
 def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: int) -> list[Path]:
-    """Deletes the `checkpoint-N` folders with N > `after_step` whose save never finished; returns them.
-
-    A resumed run writes those steps again into the same folder names; without this, their
-    temporary and leftover files would be carried into the new checkpoints. Finished checkpoints
-    (a readable trainer_state.json and no temporary file) are never touched.
-    """
+    """Deletes the `checkpoint-N` folders with N > `after_step` whose save never finished (a resumed run writes
+    them again, and would carry their leftover files in); returns them. Finished checkpoints are never touched."""
     removed = []
     for folder in list_checkpoints(output_dir):
         problems = interrupted_save_problems(folder) if checkpoint_step(folder) > after_step else []
@@ -277,13 +254,9 @@ def resumed_step(checkpoint: str | os.PathLike | None) -> int:
 
 
 def prepare_resume(value, args, model) -> str | None:
-    """What `MoCoSETrainer.train` does with `resume_from_checkpoint` before handing it to `Trainer.train`.
-
-    Resolves and checks the checkpoint (`resolve_resume_checkpoint`), refuses one whose weights do
-    not fit `model` and warns about changed model fields (`check_resume_compatible`), and removes
-    the interrupted checkpoint folders this run will write again (`remove_interrupted_checkpoints`,
-    on the saving process).
-    """
+    """What `MoCoSETrainer.train` does with `resume_from_checkpoint` before `Trainer.train`: resolves and checks
+    it, refuses one that does not fit `model` (warning about changed fields), and removes the interrupted
+    checkpoint folders this run will write again."""
     resume = resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
     if resume is not None:
         changed = check_resume_compatible(resume, model)
@@ -329,11 +302,8 @@ def _model_fields(config) -> dict:
 
 
 def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
-    """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ.
-
-    Returns the `MODEL_CONFIG_FIELDS` that differ without changing a shape (`{field: (checkpoint,
-    model)}`), for the caller to warn about: the weights load, and training goes on with the model's values.
-    """
+    """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ; returns the
+    `MODEL_CONFIG_FIELDS` that differ without changing a shape, `{field: (checkpoint, model)}`, to warn about."""
     from ..models.configuration import MODEL_CONFIG_FIELDS
 
     checkpoint = Path(checkpoint)
