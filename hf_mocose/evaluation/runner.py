@@ -1,19 +1,15 @@
 """Runs a set of SentEval tasks on one encoder and formats the results as the papers do.
 
-The encoder (`load_encoder`) is a MoCoSE checkpoint, a sentence-transformers folder or a plain HF encoder,
-each loaded as a `SentenceTransformer` and encoded with its `encode` (length-sorted batches, eval mode, no
-gradient): a MoCoSE checkpoint as itself (it loads as one: `MoCoSEModel.get_text_features` is `embed`), a
-plain encoder as `Transformer` + `Pooling` (+ its pooler's `Dense` for ``cls_dense``), in float32.
-
-Task names (command line and JSON keys):
+The encoder (`load_encoder`) is a MoCoSE checkpoint, a sentence-transformers folder or a plain HF encoder, each
+loaded as a `SentenceTransformer` (a plain encoder as `Transformer` + `Pooling` (+ `Dense`)) and encoded with its
+`encode`. Task names (command line and JSON keys):
 
 * STS test sets: ``sts12 sts13 sts14 sts15 sts16 stsb sickr`` (the papers' seven; ``avg`` is their mean);
 * STS extras: ``stsb_dev`` (in the default set) and ``stsb_train sickr_trial sickr_train`` (only when asked);
 * transfer: ``mr cr subj mpqa sst2 trec mrpc``;
 * groups: ``sts`` (the 7 test sets + stsb_dev; the default), ``transfer``, ``all`` (both).
 
-With no task named, only the STS group runs: the transfer tasks train classifiers (SST-2 alone takes
-minutes on a CPU) and run when asked for (``transfer``, ``all`` or a task name).
+The transfer tasks train classifiers (SST-2 alone takes minutes on a CPU), so they run only when asked for.
 """
 
 from __future__ import annotations
@@ -69,12 +65,8 @@ def missing_files(senteval_dir: str | Path, task: str) -> list[Path]:
 
 
 def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The tasks to run and the ones skipped for missing files (``{task: first missing path}``).
-
-    `requested` None means every task of the default group (`sts`) whose files exist; named tasks
-    must have all their files, else a `FileNotFoundError` names the missing path and the expected layout
-    (members of a named group are skipped like default tasks).
-    """
+    """The tasks to run and the ones skipped for missing files (``{task: first missing path}``): `requested`
+    None means the default group's; a task named on its own (not through a group) must have all its files."""
     root = Path(senteval_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"SentEval directory {root} does not exist; {LAYOUT_HELP}; {TRANSFER_LAYOUT_HELP}")
@@ -120,11 +112,9 @@ def run_tasks(
     inner_folds: int = 5,
     log=print,
 ) -> dict:
-    """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`.
-
-    Returns the JSON-able results: one entry per task, ``avg``/``avg_over`` (mean Spearman over the
-    STS test tasks that ran) and ``transfer_avg``/``transfer_avg_over``; ``seconds`` per task.
-    """
+    """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`. Returns the JSON-able
+    results: one entry per task, ``avg``/``avg_over`` (mean STS test Spearman), ``transfer_avg``/
+    ``transfer_avg_over`` and ``seconds`` per task."""
     results: dict = {}
     seconds: dict[str, float] = {}
     for task in tasks:
@@ -256,12 +246,10 @@ def load_encoder(
 
     Args:
         path: MoCoSE checkpoint, sentence-transformers folder or plain HF encoder folder.
-        pooler: ``cls | cls_dense | mean``. MoCoSE: overrides the checkpoint's sentence_pooling.
-            Plain HF: default ``cls``. A sentence-transformers folder given a pooler is read as a plain
-            HF encoder (its transformer weights) with that pooler instead of its own modules.
+        pooler: ``cls | cls_dense | mean``; overrides a MoCoSE checkpoint's sentence_pooling (plain HF default
+            ``cls``); a sentence-transformers folder given one is read as a plain HF encoder.
         device: default CUDA when available, else CPU.
-        max_length: truncation in tokens; by default the encoder's own limit (whole sentences, as SentEval
-            encodes them), not a MoCoSE checkpoint's training `max_seq_length`.
+        max_length: truncation in tokens; by default the encoder's own limit (whole sentences, as SentEval).
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
