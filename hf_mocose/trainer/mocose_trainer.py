@@ -151,20 +151,17 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """Settings that depend on the world size, checked before any step."""
         args = self.args
         if not config.uses_target and self.keys_per_enqueue < 2:
-            raise ValueError(
-                f"method={config.method!r} contrasts each sentence with the rest of the batch, but the global batch "
-                f"is {self.keys_per_enqueue} (per_device_train_batch_size={args.per_device_train_batch_size} x "
-                f"{args.world_size} processes): use at least 2 sentences per step."
-            )
+            raise ValueError(f"method={config.method!r} contrasts each sentence with the rest of the batch, but the "
+                             f"global batch is {self.keys_per_enqueue} (per_device_train_batch_size="
+                             f"{args.per_device_train_batch_size} x {args.world_size} processes): use at least 2 "
+                             "sentences per step.")
         check_target_mtd(args, self.global_batch_size, config.queue_size)
         if config.method == "ifcl" and args.ifcl_forgetting:
             batches = math.ceil(config.queue_size / self.keys_per_enqueue)
             if args.ifcl_forgetting * batches >= 1:
-                raise ValueError(
-                    f"ifcl_forgetting (lambda) x queued batches (k = ceil(queue_size / batch) = {batches}) must be < 1 "
-                    f"so every forgetting coefficient stays positive; got lambda={args.ifcl_forgetting}."
-                )
-
+                raise ValueError(f"ifcl_forgetting (lambda) x queued batches (k = ceil(queue_size / batch) = "
+                                 f"{batches}) must be < 1 so every forgetting coefficient stays positive; got "
+                                 f"lambda={args.ifcl_forgetting}.")
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
