@@ -40,12 +40,10 @@ TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 SENTEVAL_CS = tuple(2.0**t for t in range(-2, 4))
 DEFAULT_SEED = 1111  # SentEval's default seed
 
-TRANSFER_LAYOUT_HELP = (
-    "transfer tasks expect <dir>/CR/custrev.{pos,neg}, <dir>/MPQA/mpqa.{pos,neg}, "
-    "<dir>/MR/rt-polarity.{pos,neg}, <dir>/SUBJ/subj.{objective,subjective}, "
-    "<dir>/SST/binary/sentiment-{train,dev,test}, <dir>/TREC/{train_5500,TREC_10}.label, "
-    "<dir>/MRPC/msr_paraphrase_{train,test}.txt"
-)
+TRANSFER_LAYOUT_HELP = ("transfer tasks expect <dir>/CR/custrev.{pos,neg}, <dir>/MPQA/mpqa.{pos,neg}, "
+                        "<dir>/MR/rt-polarity.{pos,neg}, <dir>/SUBJ/subj.{objective,subjective}, "
+                        "<dir>/SST/binary/sentiment-{train,dev,test}, <dir>/TREC/{train_5500,TREC_10}.label, "
+                        "<dir>/MRPC/msr_paraphrase_{train,test}.txt")
 
 
 def transfer_task_files(senteval_dir: str | Path, task: str) -> list[Path]:

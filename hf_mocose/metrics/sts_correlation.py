@@ -48,13 +48,10 @@ class StsCorrelation(evaluate.Metric):
 
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
+            description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features({"predictions": datasets.Value("float64"),
                                         "references": datasets.Value("float64")}),
-            reference_urls=["https://github.com/facebookresearch/SentEval"],
-        )
+            reference_urls=["https://github.com/facebookresearch/SentEval"])
 
     def _compute(self, predictions, references):
         return score_correlation(predictions, references)

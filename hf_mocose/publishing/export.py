@@ -66,9 +66,8 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     if not path.is_dir():
         raise FileNotFoundError(f"Checkpoint folder {str(path)!r} does not exist.")
     if not is_mocose_checkpoint(path):
-        found = "a sentence-transformers folder" if (path / "modules.json").is_file() else (
-            "no config.json" if not (path / "config.json").is_file() else "a config.json whose model_type is not 'mocose'"
-        )
+        found = ("a sentence-transformers folder" if (path / "modules.json").is_file() else "no config.json"
+                 if not (path / "config.json").is_file() else "a config.json whose model_type is not 'mocose'")
         raise ValueError(f"{str(path)!r} is not a MoCoSE checkpoint (found {found}). Export expects a folder written "
                          "by MoCoSEModel.save_pretrained / training (config.json with \"model_type\": \"mocose\", "
                          "model.safetensors and the tokenizer files), e.g. <output_dir>/final or "
