@@ -4,10 +4,9 @@
     from hf_mocose import MoCoSELoss                                # the sentence-transformers front end
     from hf_mocose import export_to_sentence_transformers           # a checkpoint -> a SentenceTransformer folder
 
-Every public name is imported on first use (as TRL and sentence-transformers do), so `import hf_mocose`
-pays for neither torch nor transformers (`hf-mocose mtd` is arithmetic). The "mocose" model type is
-registered with `AutoConfig`/`AutoModel` as soon as transformers loads them (`models/auto_registration.py`),
-so after `import hf_mocose`, `AutoModel.from_pretrained` and `SentenceTransformer` load MoCoSE checkpoints.
+Every public name is imported on first use (as TRL and sentence-transformers do), so `import hf_mocose` pays for
+neither torch nor transformers. The "mocose" model type is registered with `AutoConfig`/`AutoModel` as soon as
+transformers loads them, so `AutoModel.from_pretrained` and `SentenceTransformer` load MoCoSE checkpoints.
 """
 
 from importlib import import_module
