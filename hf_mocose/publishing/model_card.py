@@ -1,14 +1,10 @@
 """What a model card says: the run's facts, collected while it trains, and the card's pieces (card data, results...).
 
-sentence-transformers' `ModelCardCallback` fills a model's card data while its trainer runs; a MoCoSE card is written
-at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer` describes its training
-set when it starts (`describe_training_data`) and, from the Trainer's own save hook (`_save`, as TRL's trainers write
-their cards when they save), writes the run's facts with every model and checkpoint it saves in one JSON file,
-`card_facts.json` (`save_card_facts`: arguments, training data, logs table and best step, steps, wall time, batch
-size, hardware). Nothing is unpickled: `training_args.bin` would run code from the file. A checkpoint saved before
-`card_facts.json` existed is read from its `training_args.json`, `training_data.json` and `trainer_state.json`
-(`load_card_facts`). `export.render_model_card` renders the card from the facts (`training_details`),
-`MoCoSEModelCardData` (plus the model-index, `spearman_cosine` in [-1, 1]) and the template (`find_template`).
+A MoCoSE card is written at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer`
+describes its training set when it starts (`describe_training_data`) and, from the Trainer's own save hook, writes the
+run's facts with every model and checkpoint it saves (`save_card_facts`, `card_facts.json`). Nothing is unpickled:
+`training_args.bin` would run code from the file. `export.render_model_card` renders the card from the facts
+(`training_details`), `MoCoSEModelCardData` and the template (`find_template`).
 """
 
 from __future__ import annotations
@@ -38,11 +34,9 @@ STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 senten
 
 
 def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
-    """The card's description of `dataset` (raw `text`, or tokenised `input_ids`, with or without `text`), or None
-    (no dataset, or neither column): `{"sentences": N or None (a stream), "columns", "token_lengths": {"min", "mean",
-    "max", "rows", "max_seq_length", "longer"}, "samples", "samples_from_tokens"}`. Lengths count tokens as training
-    saw them (special tokens included, truncated); `longer`: how many rows were cut (None without the text); the
-    samples are the first rows' text, or their tokens decoded."""
+    """The card's description of `dataset` (raw `text` and/or tokenised `input_ids`), or None: `{"sentences": N or
+    None (a stream), "columns", "token_lengths": {"min", "mean", "max", "rows", "max_seq_length", "longer"},
+    "samples", "samples_from_tokens"}`, token lengths as training saw them (`longer`: rows cut; None without text)."""
     columns = list(getattr(dataset, "column_names", None) or [])
     if dataset is None or not ({"text", "input_ids"} & set(columns)):
         return None
@@ -125,9 +119,8 @@ def _find_in_run(checkpoint: Path, name: str) -> Path | None:
 
 
 def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
-    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint); for
-    one saved before that file, the same facts from `training_args.json`, `training_data.json` and
-    `trainer_state.json` (same search), and `pickle_only` when `training_args.bin` is its only record (never read)."""
+    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint);
+    for an older one, from its `training_args.json`, `training_data.json` and `trainer_state.json`."""
     checkpoint = Path(checkpoint)
     saved = _read_json(_find_in_run(checkpoint, CARD_FACTS_JSON))
     if isinstance(saved, dict):
@@ -336,11 +329,9 @@ _SAME_MEANING = {"finetuned_from": "base_model", "dataset_tags": "datasets", "da
 
 
 def card_kwargs_from_trainer_keywords(**kwargs) -> dict[str, Any]:
-    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s, with transformers' meaning:
-    `finetuned_from` is the `base_model`, `dataset_tags` the metadata `datasets`, `dataset` the text's `corpus`,
-    `dataset_args` their configurations; `tasks` become tags (the `pipeline_tag` stays sentence-similarity, which
-    sentence-transformers' loader and the Hub widget need); `tags` may be a string (one tag). Both names of one
-    thing with different values are a `ValueError` naming both."""
+    """Maps `Trainer.create_model_card`'s keywords onto `render_model_card`'s (`_SAME_MEANING`); `tasks` become
+    tags (the `pipeline_tag` stays sentence-similarity). Both names of one thing with different values are a
+    `ValueError` naming both."""
     card = dict(kwargs)
     for trainer_name, ours in _SAME_MEANING.items():
         value = card.pop(trainer_name, None)
