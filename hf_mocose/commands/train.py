@@ -172,9 +172,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 
 
 def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
-    """`target_mtd`'s queue window must fit the queue over the whole eta schedule at this launch's global batch
-    (per-device batch x processes x accumulation): checked before the model and the corpus are loaded.
-    `MoCoSETrainer` checks again with the model's own `queue_size`, which a MoCoSE checkpoint keeps."""
+    """`target_mtd`'s queue window must fit the queue at this launch's global batch, checked before anything is
+    loaded (`MoCoSETrainer` checks again with the model's own `queue_size`, which a MoCoSE checkpoint keeps)."""
     if not is_mocose_checkpoint(model_name_or_path):
         check_target_mtd(args, args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps,
                          args.queue_size)
@@ -198,9 +197,8 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
 
 
 def check_resume_folder(args: MoCoSETrainingArguments) -> None:
-    """An explicit `resume_from_checkpoint` folder that is missing or incomplete is named before the model is
-    loaded and the data tokenised (`resolve_resume_checkpoint`, which the trainer runs again before step 1);
-    `last` is resolved by the trainer alone."""
+    """Names an explicit `resume_from_checkpoint` folder that is missing or incomplete before anything is loaded
+    (the trainer checks again before step 1, and resolves `last` alone)."""
     value = args.resume_from_checkpoint
     if isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES):
         resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
@@ -247,7 +245,7 @@ def main(argv: list[str] | None = None) -> str:
             "train_file", "dataset_name", "dataset_config", "dataset_split", "text_column", "max_train_samples",
             "fraternal_column", "positive_column", "streaming")})
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
-        # the trainer describes the training data for the model card from it (training_data.json).
+        # the trainer describes the training data for the model card from it.
         train_dataset = tokenize_sentences(sentences, tokenizer, model.config.max_seq_length,
                                            script_args.preprocessing_num_workers, keep_text=True)
         if script_args.fraternal_column:
