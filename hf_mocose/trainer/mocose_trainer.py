@@ -45,20 +45,13 @@ logger = logging.getLogger(__name__)
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
 
-# FSDP's `SHARDED_STATE_DICT` makes `Trainer.save_model` write no weights file: a checkpoint folder gets the config
-# and tokenizer beside accelerate's DCP folder, any other folder (the final model, what export and push read) the
-# full weights, as with `FULL_STATE_DICT`.
-def uses_sharded_state_dict(trainer) -> bool:
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
-    return plugin is not None and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
-
-
 def complete_sharded_save(trainer, output_dir: str) -> None:
     """After `Trainer.save_model(output_dir)` under FSDP with `SHARDED_STATE_DICT`, which writes nothing: in the
-    checkpoint being written, config.json, tokenizer, training_args.bin and card_facts.json (so resume recognises
-    it); in any other folder the full weights, gathered from all ranks. Runs on every process (the gather is
-    collective); a no-op for other set-ups."""
-    if not uses_sharded_state_dict(trainer):
+    checkpoint being written, config.json, tokenizer, training_args.bin and card_facts.json beside accelerate's DCP
+    folder (so resume recognises it); in any other folder (what export and push read) the full weights, gathered
+    from all ranks. Runs on every process (the gather is collective); a no-op for other set-ups."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    if plugin is None or "SHARDED_STATE_DICT" not in str(plugin.state_dict_type):
         return
     if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
         if trainer.args.should_save:
@@ -190,22 +183,17 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """Keys enqueued per micro-batch: the batch of every process (the one `auto_find_batch_size` settled on)."""
         return self._train_batch_size * self.args.world_size
 
-    def current_decay(self) -> float:
-        args = self.args
-        return ema_decay_at(self.state.global_step, self.state.max_steps, args.ema_decay_start, args.ema_decay_end,
-                            args.ema_decay_horizon)
-
     def queue_window(self, decay: float | None = None) -> int | None:
         """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit), at `decay`
         (default: eta(global_step), the decay the next EMA update applies)."""
-        if self.args.target_mtd is None:
+        args = self.args
+        if args.target_mtd is None:
             return None
-        decay = self.current_decay() if decay is None else decay
-        return active_queue_window(self.args.target_mtd, decay, self.global_batch_size,
+        if decay is None:
+            decay = ema_decay_at(self.state.global_step, self.state.max_steps, args.ema_decay_start,
+                                 args.ema_decay_end, args.ema_decay_horizon)
+        return active_queue_window(args.target_mtd, decay, self.global_batch_size,
                                    self.accelerator.unwrap_model(self.model).config.queue_size)
-
-    def _use_hard_negatives(self) -> bool:
-        return self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
 
     @property
     def fgsm(self) -> FGSMPerturbation:
@@ -216,7 +204,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """The step of `ContrastiveObjective` on `MoCoSEModel.forward` (with UNA's hard negatives when due)."""
         unwrapped = self.accelerator.unwrap_model(model)
         hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
-        if model.training and self._use_hard_negatives():
+        una_step = self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
+        if model.training and una_step:
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
         embeddings = None
         if self.fgsm.mode != "off" and self.args.torch_compile:
