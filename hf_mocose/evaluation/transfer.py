@@ -103,12 +103,6 @@ def load_mrpc(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     return s1, s2, np.array(labels)
 
 
-def _logreg(C: float, seed: int):
-    from sklearn.linear_model import LogisticRegression
-
-    return LogisticRegression(C=C, max_iter=1000, random_state=seed)
-
-
 def _fit_cv(X: np.ndarray, y: np.ndarray, seed: int, inner_folds: int):
     """Logistic regression on `(n, d)` features with C chosen by stratified inner k-fold, refit on all of X."""
     from sklearn.linear_model import LogisticRegressionCV
@@ -145,12 +139,14 @@ def train_test_accuracy(X_train, y_train, X_test, y_test, seed: int = DEFAULT_SE
 
 def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int = DEFAULT_SEED) -> dict:
     """C picked on dev accuracy, accuracy x100 on test (SST-2)."""
+    from sklearn.linear_model import LogisticRegression
+
     X_train, X_dev, X_test = (np.asarray(a, dtype=np.float64) for a in (X_train, X_dev, X_test))
     best = None
     for C in SENTEVAL_CS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            clf = _logreg(C, seed).fit(X_train, y_train)
+            clf = LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train)
         dev_acc = float((clf.predict(X_dev) == np.asarray(y_dev)).mean())
         if best is None or dev_acc > best[0]:  # ties keep the smaller C (stronger regularisation)
             best = (dev_acc, C, clf)
