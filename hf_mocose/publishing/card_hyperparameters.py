@@ -53,12 +53,6 @@ NOT_HYPERPARAMETERS = {
 MODEL_FIELDS = {s.name: s.label for s in METHOD_SETTINGS if s.label and s.model}
 
 
-def _card_arguments(values: dict[str, Any]) -> dict[str, Any]:
-    """Every argument the card lists: the hyper-parameters, without bookkeeping fields or tokens."""
-    return {name: value for name, value in values.items()
-            if name not in NOT_HYPERPARAMETERS and not name.endswith("_token")}
-
-
 def as_record(training_args: Any | None) -> dict[str, Any]:
     """The card's fields of a live arguments object or of a JSON record (`world_size` too), enums as values."""
     if training_args is None:
@@ -68,8 +62,9 @@ def as_record(training_args: Any | None) -> dict[str, Any]:
         record = {name: training_args[name] for name in names if name in training_args}
     else:
         record = {name: getattr(training_args, name) for name in names if hasattr(training_args, name)}
-        if hasattr(training_args, "to_dict"):
-            record["arguments"] = _card_arguments(training_args.to_dict())
+        if hasattr(training_args, "to_dict"):  # every hyper-parameter: no bookkeeping fields, no tokens
+            record["arguments"] = {name: value for name, value in training_args.to_dict().items()
+                                   if name not in NOT_HYPERPARAMETERS and not name.endswith("_token")}
     return {name: getattr(value, "value", value) for name, value in record.items()}  # enums -> "linear"
 
 
