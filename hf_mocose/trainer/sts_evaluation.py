@@ -118,7 +118,8 @@ class STSEvaluationMixin:
             if dataset is not None:
                 check_sts_dataset(dataset)
 
-    def _sts_dataset(self, eval_dataset=None) -> Dataset:
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        """The STS pairs as they are (no tokenisation, no column removal): `evaluation_loop` reads `.dataset`."""
         if isinstance(eval_dataset, str):  # Trainer.evaluate recursing over a dict of eval datasets
             eval_dataset = self.eval_dataset[eval_dataset]
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
@@ -127,11 +128,6 @@ class STSEvaluationMixin:
         if dataset is None:
             raise ValueError("No STS pairs to evaluate: pass eval_dataset or set stsb_dev_file.")
         check_sts_dataset(dataset)
-        return dataset
-
-    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
-        """The STS pairs as they are (no tokenisation, no column removal): `evaluation_loop` reads `.dataset`."""
-        dataset = self._sts_dataset(eval_dataset)
         return DataLoader(dataset, batch_size=self.args.eval_batch_size, collate_fn=list)
 
     def get_test_dataloader(self, test_dataset) -> DataLoader:
