@@ -219,14 +219,9 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             self.remove_unused_columns = False  # the collator needs each sentence's text
 
     def __getstate__(self) -> dict:
-        """What pickling keeps: every field except secrets (`hub_token`, any other `*_token`), saved as None.
-
-        The Trainer pickles its arguments into `training_args.bin` in every checkpoint and saved
-        model, and those folders are uploaded with `push_to_hub`; copies (`copy.copy`,
-        `copy.deepcopy`) go through here too. The live object keeps its token, which travels only
-        in the Authorization header of Hub requests. (`to_dict`, `to_json_string` and `repr`
-        already mask it, as in `TrainingArguments`.)
-        """
+        """What pickling (and `copy`) keeps: every field except secrets (`hub_token`, any other `*_token`), saved as
+        None, since `training_args.bin` is saved in every checkpoint and may be uploaded. The live object keeps its
+        token (`to_dict` and `repr` already mask it, as in `TrainingArguments`)."""
         state = dict(self.__dict__)
         for name in state:
             if name.endswith("_token"):
