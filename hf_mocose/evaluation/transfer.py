@@ -1,18 +1,14 @@
 """SentEval transfer tasks on frozen sentence embeddings, with scikit-learn logistic regression.
 
-Protocol (SentEval, ``usepytorch=False``): the classifier's L2 strength is chosen from
-``C in {2^-2, ..., 2^3}`` (SentEval's grid) and accuracy x100 is reported.
+Protocol (SentEval, ``usepytorch=False``): the L2 strength C is chosen from SentEval's grid ``{2^-2, ..., 2^3}``,
+accuracy x100 is reported, and everything is seeded (fold shuffles, solver), so a run repeats exactly.
 
-* MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; inside each outer fold C is picked
-  by an inner stratified k-fold on the training part (5 folds by default, SentEval's
-  prototyping setting; ``inner_folds=10`` for the full setting).
+* MR, CR, SUBJ, MPQA: 10-fold stratified cross-validation; C picked in each outer fold by an inner stratified
+  k-fold (5 folds by default, SentEval's prototyping setting; ``inner_folds=10`` for the full setting).
 * SST-2: the fixed train/dev/test split; C picked on dev, accuracy on test.
 * TREC: train_5500 / TREC_10 with the 6 coarse labels; C picked by inner CV on train.
-* MRPC: train/test; pair features ``[|u - v|, u * v]``, exactly as SentEval's ``mrpc.py``
-  (``[u, v, |u - v|, u * v]`` is SentEval's SICK-E/SNLI feature set, not MRPC's); C by inner CV on
-  train; accuracy and F1 reported.
-
-Everything is seeded (fold shuffles, solver), so a run repeats exactly.
+* MRPC: train/test; pair features ``[|u - v|, u * v]``, exactly as SentEval's ``mrpc.py`` (not the SICK-E/SNLI
+  set ``[u, v, |u - v|, u * v]``); C by inner CV on train; accuracy and F1 reported.
 """
 
 from __future__ import annotations
