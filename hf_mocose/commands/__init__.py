@@ -1,8 +1,7 @@
 """The command line: the `hf-mocose` entry point, `scripts/train.py`'s driver, sweeps, and how a command fails.
 
-- `cli`: `hf-mocose` (its sub-commands are registered by the feature that owns them: `evaluation.commands`,
-  `publishing.commands`, `methods.mtd`, named as strings and imported only when the parser is built), and how
-  every entry point fails: a settings mistake as one line and exit status 2, a bug with its traceback.
+- `cli`: `hf-mocose` (its sub-commands registered by the modules that own them, imported only when the parser is
+  built), and how every entry point fails: a settings mistake as one line and exit status 2, a bug with a traceback.
 - `train`: the training entry point behind `accelerate launch scripts/train.py training_args/<recipe>.yaml`.
 - `sweep`: ablation sweeps (a YAML grid -> `accelerate launch` runs -> one table), behind `scripts/sweep.py`.
 

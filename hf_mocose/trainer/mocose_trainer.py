@@ -2,8 +2,7 @@
 
 The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a loaded encoder,
 raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's trainers take them). Overrides:
-  - `compute_loss`: an adapter of `ContrastiveObjective.step`, the step `MoCoSELoss` runs too (every method goes
-    through it; they differ only in configuration);
+  - `compute_loss`: an adapter of `ContrastiveObjective.step`, the step of every method and of `MoCoSELoss` too;
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - evaluation (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev so `load_best_model_at_end` works;
   - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);

@@ -66,16 +66,9 @@ def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
 class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
     """sentence-transformers' `EmbeddingSimilarityEvaluator` on a `MoCoSEModel`'s sentence embedding.
 
-    Only `embed_inputs` is MoCoSE's: `MoCoSEModel.embed` through `encode_with_model` (fp32, truncation at
-    `max_length`).
-
-    Args:
-        sentences1, sentences2, scores: the STS pairs and their gold similarity.
-        tokenizer: the model's tokenizer.
-        max_length: truncation in tokens (None: the encoder's own limit).
-        batch_size: sentences per forward pass.
-        name: metric prefix (`{name}_spearman_cosine`, `{name}_pearson_cosine`, correlations in [-1, 1]).
-        write_csv: append each evaluation to `similarity_evaluation_{name}_results.csv` in `output_path`.
+    Only `embed_inputs` is MoCoSE's: `MoCoSEModel.embed` through `encode_with_model` with `tokenizer`, truncating at
+    `max_length` tokens (None: the encoder's own limit). `name` prefixes the metrics (`{name}_spearman_cosine`,
+    correlations in [-1, 1]); the other arguments are `EmbeddingSimilarityEvaluator`'s.
     """
 
     def __init__(self, sentences1, sentences2, scores, tokenizer, max_length: int | None = None,
