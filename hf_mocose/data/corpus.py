@@ -105,9 +105,8 @@ def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Datas
 
 def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None,
                        keep_text: bool = False) -> Dataset:
-    """Tokenises the `text` column once with `Dataset.map` (cached; lazily for an `IterableDataset`), truncating
-    over-long sentences; padding is left to the collator. `keep_text` keeps the sentences (and given positives'
-    text) beside the tokens: hard negatives are made from the text, and UNA's TF-IDF statistics count both."""
+    """Tokenises the `text` column (and `positive_text`) once with `Dataset.map`, truncated, unpadded; `keep_text`
+    keeps the sentences beside the tokens (hard negatives are made from them, UNA's statistics count them)."""
     def encode(batch):
         encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
         if "positive_text" in batch:  # given positives, tokenised the same way

@@ -192,8 +192,7 @@ def _log_failed_push(future) -> None:  # a failed background push is reported, n
 
 def push_training_checkpoint(trainer, checkpoint_folder: str | os.PathLike):
     """`Trainer._push_from_checkpoint` without touching the root: the checkpoint replaces its repo folder whole.
-    Main process only; returns the upload `Future` (failures logged), or None when `hub_strategy` pushes nothing
-    on save."""
+    Main process only; returns the upload `Future` (failures logged), or None if `hub_strategy` pushes nothing."""
     args = trainer.args
     path_in_repo = checkpoint_path_in_repo(args.hub_strategy, checkpoint_folder)
     if not trainer.is_world_process_zero() or path_in_repo is None:
@@ -238,9 +237,8 @@ def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: i
 def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
                        revision: str | None = None, token: str | None = None, private: bool | None = None,
                        blocking: bool = True):
-    """Uploads the export to the repo root and `final_dir` to `mocose/` in ONE commit (stale files deleted).
-    Defaults from `hub_revision`, `hub_token`, `hub_private_repo`. Returns the `CommitInfo`, or with
-    `blocking=False` its `Future` (queued after the trainer's earlier uploads)."""
+    """Uploads the export to the repo root and `final_dir` to `mocose/` in ONE commit (stale files deleted); returns
+    the `CommitInfo`, or with `blocking=False` its `Future` (queued after the trainer's earlier uploads)."""
     args = trainer.args
     return upload_folders(
         final_repo_id(trainer), [(final_dir, MOCOSE_SUBFOLDER, CHECKPOINT_IGNORE), (export_dir, None, None)],
@@ -251,9 +249,8 @@ def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | 
 
 
 def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | None = None, **card_kwargs) -> Path | None:
-    """End-of-training publishing: exports `final_dir` (`export_final_model`, which takes `card_kwargs`) and, when
-    `args.push_to_hub` (or `push`), uploads both (`upload_final_model`). Returns the export folder on the main
-    process, None elsewhere."""
+    """End-of-training publishing: exports `final_dir` (`export_final_model`) and, when `args.push_to_hub` (or
+    `push`), uploads both (`upload_final_model`). Returns the export folder on the main process, None elsewhere."""
     if not trainer.is_world_process_zero():
         return None
     push = trainer.args.push_to_hub if push is None else push

@@ -52,9 +52,8 @@ def quiet_library_notices(args) -> None:
 
 
 def quiet_ddp_broadcast_buffers_notice() -> None:
-    """torch 2.13 deprecates DDP's `broadcast_buffers` and warns whenever it is passed; accelerate passes it
-    exactly when it differs from True, i.e. with `ddp_broadcast_buffers=False` (hf-mocose's default and
-    sentence-transformers': the queue is the same on every rank, so a broadcast per forward is wasted)."""
+    """torch 2.13 warns whenever DDP's deprecated `broadcast_buffers` is passed, which accelerate does with
+    `ddp_broadcast_buffers=False`, hf-mocose's default (the queue is the same on every rank)."""
     warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
 
 
@@ -144,9 +143,8 @@ def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
 
 
 def deepspeed_config_settings(config) -> tuple[int, str | None]:
-    """`(zero_stage, mixed_precision)` a DeepSpeed config (a JSON file path or a dict) states: the stage 0 when
-    absent (DeepSpeed's default), `ZERO_STAGE_UNKNOWN` when unreadable; the precision "bf16"/"fp16" when its
-    section says `enabled: true`, else None."""
+    """`(zero_stage, mixed_precision)` a DeepSpeed config (a JSON file path or a dict) states: stage 0 when absent,
+    `ZERO_STAGE_UNKNOWN` when unreadable; "bf16"/"fp16" when its section says `enabled: true`, else None."""
     if not isinstance(config, dict):
         try:
             config = json.loads(Path(config).read_text())
@@ -185,9 +183,8 @@ def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
 
 
 def match_target_to_master_weights(model: nn.Module) -> list[str]:
-    """Upcasts the target's floating tensors to fp32 before `prepare`: under FSDP2 with mixed precision accelerate
-    upcasts only the trainable parameters to fp32 masters, and the EMA must run in fp32 on both. Returns the names
-    it changed."""
+    """Upcasts the target's floating tensors to fp32 before `prepare` (under FSDP2 with mixed precision accelerate
+    upcasts only trainable parameters; the EMA must run in fp32 on both). Returns the names it changed."""
     changed = []
     for prefix, module in zip(("target_encoder", "target_pooler", "target_projection"), model.target_modules()):
         for name, param in module.named_parameters():
