@@ -198,10 +198,8 @@ def plot_spectra(spectra: dict[str, list[float]], path: str | Path, title: str =
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for label, values in spectra.items():
         ax.plot(np.arange(1, len(values) + 1), values, label=label, linewidth=1.5)
-    ax.set_yscale("log")
-    ax.set_xlabel("singular value index")
-    ax.set_ylabel("normalised singular value")
-    ax.set_title(title or "Singular-value spectrum of STS-B sentence embeddings")
+    ax.set(yscale="log", xlabel="singular value index", ylabel="normalised singular value",
+           title=title or "Singular-value spectrum of STS-B sentence embeddings")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
