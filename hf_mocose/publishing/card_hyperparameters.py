@@ -17,8 +17,7 @@ def _setting_rows(*groups: str) -> dict[str, str]:
     return {s.name: s.label for s in METHOD_SETTINGS if s.label and not s.model and s.group in groups}
 
 
-# Training-argument fields shown in the card, with their labels (model fields come from config.json); the
-# method settings' labels are declared with them (`hf_mocose.models.settings`).
+# Training-argument fields shown in the card, with their labels (the method settings' from `models.settings`).
 TRAINING_FIELDS = {
     **_setting_rows("target", "fgsm"),
     "per_device_train_batch_size": "batch size per device",
@@ -41,8 +40,7 @@ RECORDED_EXTRA = ("fp16", "metric_for_best_model")
 # Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
 OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "token_shuffle", "token_cutoff",
                             "feature_cutoff", "hard_negatives")
-# Arguments that say where and how a run logged, not how it trained (as sentence-transformers leaves them out
-# of its card's hyper-parameters), and secrets.
+# Where and how a run logged, not how it trained (sentence-transformers' card leaves them out too), and secrets.
 NOT_HYPERPARAMETERS = {
     "output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",
     "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit", "report_to", "do_train", "do_eval",

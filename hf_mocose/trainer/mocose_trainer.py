@@ -76,10 +76,9 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     ```
 
     Args:
-        model: a `MoCoSEModel`; a model id or folder (`str`) -- a MoCoSE checkpoint, or an encoder that a
-            fresh MoCoSE model is built around with the *(model)* fields of `args`, loaded with
-            `args.model_init_kwargs` (e.g. `{"dtype": "bfloat16"}`); `builtin:all-MiniLM-L6-v2`; or a loaded
-            `PreTrainedModel` encoder (see `hf_mocose.trainer.inputs`).
+        model: a `MoCoSEModel`; a model id or folder (`str`: a MoCoSE checkpoint, or an encoder a fresh MoCoSE
+            model is built around with the *(model)* fields of `args`, loaded with `args.model_init_kwargs`);
+            `builtin:all-MiniLM-L6-v2`; or a loaded `PreTrainedModel` encoder (see `hf_mocose.trainer.inputs`).
         args: `MoCoSETrainingArguments`.
         train_dataset: raw sentences in a `text` column (optional `positive_text`), or tokenised ones (`input_ids`,
             `attention_mask`, ...; plus `text`, and any `positive_text`, for UNA).
