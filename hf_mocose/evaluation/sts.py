@@ -61,15 +61,11 @@ def sts_task_files(senteval_dir: str | Path, task: str) -> list[Path]:
 
 def load_sts_task(senteval_dir: str | Path, task: str) -> dict[str, StsPairs]:
     """Loads `task` as ``{set name: pairs}`` (one set for STS-B and SICK-R)."""
-    for path in sts_task_files(senteval_dir, task):
-        require_senteval_file(path)
-    root = Path(senteval_dir)
-    if task in STS_YEAR_SETS:
-        folder, sets = STS_YEAR_SETS[task]
-        base = root / "STS" / folder
-        return {s: read_sts_year_set(base / f"STS.input.{s}.txt", base / f"STS.gs.{s}.txt", name=s) for s in sets}
-    rel, reader = STS_FILE_TASKS[task]
-    pairs = (read_sts_benchmark if reader == "stsb" else read_sick)(root / rel)
+    files = [require_senteval_file(path) for path in sts_task_files(senteval_dir, task)]
+    if task in STS_YEAR_SETS:  # each set's input file, then its gold file
+        sets = STS_YEAR_SETS[task][1]
+        return {s: read_sts_year_set(files[2 * i], files[2 * i + 1], name=s) for i, s in enumerate(sets)}
+    pairs = (read_sts_benchmark if STS_FILE_TASKS[task][1] == "stsb" else read_sick)(files[0])
     pairs.name = task
     return {task: pairs}
 
