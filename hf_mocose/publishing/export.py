@@ -83,8 +83,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
 
 
 def _encoder_load_kwargs(encoder: nn.Module) -> dict:
-    """Keyword arguments AutoModel needs to rebuild `encoder` without a randomly initialised part: MoCoSE drops the
-    encoder's own pooler, which BERT-like classes would rebuild with random weights unless `add_pooling_layer=False`."""
+    """What AutoModel needs to rebuild `encoder` without the pooler MoCoSE drops (`add_pooling_layer=False`)."""
     import inspect
 
     if getattr(encoder, "pooler", "absent") is not None:  # no pooler attribute, or one that is kept
@@ -140,10 +139,9 @@ def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> lis
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
-    """Reloads `export_dir` with `SentenceTransformer` and compares it with `model.embed` at `max_seq_length` on
-    `probe_sentences`. Returns the max abs difference; a `RuntimeError` above `atol` or when the reloaded
-    `max_seq_length` differs. A bf16/fp16 model computes along different paths on both sides: two of its rounding
-    steps at the embeddings' largest magnitude are allowed then."""
+    """Reloads `export_dir` and compares it with `model.embed` at `max_seq_length` on `probe_sentences`; returns the
+    max abs difference. A `RuntimeError` above `atol` (raised, for bf16/fp16, to two rounding steps at the largest
+    magnitude) or when the export truncates at another length."""
     from sentence_transformers import SentenceTransformer
 
     reloaded = SentenceTransformer(str(export_dir), device="cpu")

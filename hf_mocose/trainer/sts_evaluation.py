@@ -1,14 +1,9 @@
 """STS scoring inside `Trainer.evaluate`: the MoCoSE sentence embedding, scored by sentence-transformers.
 
 `MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, callbacks, `metric_key_prefix`, dicts of eval
-datasets) and replaces only the steps that assume a loss over batches:
-
-  - `get_eval_dataloader`: the STS pairs (`sentence1`, `sentence2`, `score`), columns checked;
-  - `evaluation_loop`: sentence-transformers' `EmbeddingSimilarityEvaluator` on `MoCoSEModel.embed`, returning
-    `{prefix}_stsb_spearman` and `{prefix}_stsb_pearson` as Spearman x100 (the papers' and `hf-mocose evaluate`'s
-    scale; the `MoCoSELoss` front end reports [-1, 1]), plus what a user's `compute_metrics` returns;
-  - `get_test_dataloader` (so `predict`): STS pairs give their cosine similarities and gold scores; a `text`
-    column gives the sentence embeddings `(N, D)`.
+datasets) and replaces only the steps that assume a loss over batches (`get_eval_dataloader`, `evaluation_loop`,
+`get_test_dataloader` for `predict`). STS-B dev is reported as `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`
+x100 (the papers' and `hf-mocose evaluate`'s scale; the `MoCoSELoss` front end reports [-1, 1]).
 
 Sentences are encoded whole by default (as SentEval and the paper do); `eval_max_seq_length` chooses another length.
 A core module: `hf_mocose.evaluation` (SentEval tasks, diagnostics, their command line) is never imported here.
