@@ -4,11 +4,9 @@ Layout (so `SentenceTransformer(repo_id)` always works): the sentence-transforme
 the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="mocose")`), resumable checkpoints in
 `last-checkpoint/` or `checkpoint-N/` (`hub_strategy`), never at the root, where transformers would put them.
 
-Every push is ONE `create_commit` (`upload_folders`): the folders' files, filtered as `HfApi.upload_folder` does, and
-the deletion of the files the push owns that the upload lacks (`stale_files`; an older `model.safetensors` would load
-instead of a new sharded one), never `.gitattributes` nor a README. Not `upload_folder`: with `hf_xet` it splits large
-uploads into several commits, and its patterns cannot spare a README. `parent_commit` is the head the deletions were
-read from, so a concurrent change fails the commit instead. The token is never printed or written.
+Every push is ONE `create_commit` (`upload_folders`; `upload_folder` may split it, and cannot spare a README) that
+also deletes the files the push owns and the upload lacks (`stale_files`: an older `model.safetensors` would load
+instead of a new sharded one), against the head they were read from (`parent_commit`). The token is never printed.
 """
 
 from __future__ import annotations

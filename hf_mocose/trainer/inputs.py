@@ -1,9 +1,7 @@
 """What `MoCoSETrainer` is given, turned into what it trains: a MoCoSE model, its tokenizer, tokenised sentences.
 
-TRL's trainers take `model="id"` (loaded with `args.model_init_kwargs`), a raw-text dataset and no tokenizer; so
-does `MoCoSETrainer` (and `scripts/train.py` goes through the same functions): `build_mocose_model`,
-`load_tokenizer`, `check_train_dataset` (before the model is loaded), `prepare_train_dataset`, and
-`prepare_trainer_inputs`, which runs them all and describes the training data for the model card first.
+Like TRL's trainers, `MoCoSETrainer` takes `model="id"` (loaded with `args.model_init_kwargs`), a raw-text dataset
+and no tokenizer; `prepare_trainer_inputs` runs these functions, which `scripts/train.py` shares.
 """
 
 from __future__ import annotations
@@ -234,8 +232,7 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
 
 
 def check_target_mtd(args, global_batch_size: int, queue_size: int) -> None:
-    """`target_mtd`'s queue window must fit `queue_size` over the whole eta schedule of this run at this global
-    batch (`methods.mtd.check_target_reachable`); nothing to check without `target_mtd`."""
+    """`target_mtd`'s queue window must fit `queue_size` over this run's whole eta schedule at this global batch."""
     if args.target_mtd is not None:
         check_target_reachable(args.target_mtd, global_batch_size, queue_size, *ema_decay_range(
             args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))
