@@ -6,7 +6,8 @@ the MoCoSE model in `mocose/` (`MoCoSEModel.from_pretrained(repo_id, subfolder="
 
 Every push is ONE `create_commit` (`upload_folders`; `upload_folder` may split it, and cannot spare a README) that
 also deletes the files the push owns and the upload lacks (`stale_files`: an older `model.safetensors` would load
-instead of a new sharded one), against the head they were read from (`parent_commit`). The token is never printed or written.
+instead of a new sharded one), against the head they were read from (`parent_commit`). The token is never printed
+or written.
 """
 
 from __future__ import annotations
