@@ -38,13 +38,12 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
                    dataset_split: str = "train", text_column: str = "text", max_train_samples: int | None = None,
                    fraternal_column: str | None = None, positive_column: str | None = None,
                    streaming: bool = False) -> Dataset | IterableDataset:
-    """Loads training sentences into a `Dataset` with one column, `text`; blank lines are dropped.
+    """Loads training sentences as a `Dataset` with a `text` column (`text_column` renamed); blank ones are dropped.
 
     Args:
-        train_file: one sentence per line (`.txt`), or a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file
-            with a `text_column`; or `builtin:python_docs` for the offline corpus.
+        train_file: one sentence per line (`.txt`), or a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
+            `text_column`; or `builtin:python_docs` for the offline corpus.
         dataset_name: a `datasets` dataset (Hub name or local folder), used when `train_file` is None.
-        text_column: the column holding the sentences.
         max_train_samples: keep only the first N sentences.
         fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
         positive_column: a given positive of each sentence (e.g. a paraphrase), kept as `positive_text`.

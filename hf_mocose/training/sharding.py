@@ -1,11 +1,9 @@
 """What a launch may be: how many processes, which sharding, and what the EMA target can follow.
 
-FSDP2 is supported: the target encoder and heads have the structure of their online twins, so accelerate shards
-each target tensor like its twin and the EMA interpolates each rank's local shards with no communication
-(`models.ema.local_shards`). The key queue is a plain buffer, never sharded: every rank enqueues the same gathered
-keys. Refused (`configure_sharding`, and `refuse_sharded_launch` from the launch environment before any model is
-built): FSDP1 (flat parameters), ZeRO-3 (it loads the encoder partitioned, and empties the parameters the EMA
-interpolates), DeepSpeed with bf16/fp16 (it casts the frozen target too) and torch.compile + FGSM under FSDP2.
+FSDP2 is supported: accelerate shards each target tensor like its online twin, so the EMA interpolates each rank's
+local shards with no communication; the key queue is a plain buffer, never sharded. Refused (`configure_sharding`,
+and `refuse_sharded_launch` before any model is built): FSDP1 (flat parameters), ZeRO-3 (it loads the encoder
+partitioned), DeepSpeed with bf16/fp16 (it casts the frozen target too) and torch.compile + FGSM under FSDP2.
 """
 
 from __future__ import annotations
