@@ -1,8 +1,7 @@
 """What is refused before any work, in one line: a model that cannot be loaded, and Trainer switches that cannot work.
 
-A model folder must hold whole weights. A Hub id is asked of the Hub once, with one metadata request for its
-`config.json` (no retries: `from_pretrained` would retry an unreachable Hub for ~25 s and end in a chain of
-tracebacks), whose errors say what is wrong.
+A model folder must hold whole weights; a Hub id is asked of the Hub with one metadata request, no retries
+(`from_pretrained` would retry an unreachable Hub for ~25 s and end in a chain of tracebacks).
 
 Most Trainer switches work with MoCoSE as they are (docs/trainer_switches.md); `check_trainer_switches` refuses
 those that would crash at some later step or be silently ignored: NEFTune, label smoothing, fp16 on the CPU,

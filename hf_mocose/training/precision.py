@@ -1,10 +1,9 @@
 """Mixed precision: the target's no-grad forward under the online forward's autocast, and native bf16 detection.
 
-With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`. The EMA
+With `bf16=True` (or `fp16=True` on a GPU) accelerate wraps the model's `forward` in `torch.autocast`; the EMA
 target's forward must run under the same autocast while its weights stay fp32 (bf16 would round away the EMA's
-(1 - eta) * delta steps). `MoCoSETrainer`'s target runs inside `MoCoSEModel.forward`; `MoCoSELoss` calls its target
-outside it, so `recorded_autocast` reads the autocast the online forward ran under and `AutocastState.context()`
-enters the same one.
+(1 - eta) * delta steps). `MoCoSELoss` calls its target outside the online `forward`, so `recorded_autocast` reads
+that autocast and `AutocastState.context()` enters it again.
 """
 
 from __future__ import annotations
