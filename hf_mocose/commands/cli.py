@@ -26,9 +26,8 @@ COMMAND_OWNERS = {"evaluate": "hf_mocose.evaluation.commands", "diagnose": "hf_m
                   "mtd": "hf_mocose.methods.mtd"}
 COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
-# Idle OpenMP threads spin before they sleep, taking cores shared with other processes from the working thread
-# (2.2x the wall time on a loaded 2-core machine, docs/evaluation.md). Read when torch loads OpenMP, so set before
-# any sub-command imports torch; a value the user set is kept.
+# Idle OpenMP threads spin, taking shared cores from the working thread (2.2x the wall time on a loaded 2-core
+# machine, docs/evaluation.md). Read when torch loads OpenMP: set before any sub-command imports torch.
 OPENMP_WAIT_POLICY = "PASSIVE"
 
 DEBUG_ENV = "HF_MOCOSE_DEBUG"

@@ -27,8 +27,8 @@ def load_sts_correlation(**kwargs):
     return evaluate.load(sts_correlation_path(), **kwargs)
 
 
-# Predictions whose spread is within float rounding (e.g. identical embeddings: every cosine is 1 up to
-# ~1e-16) count as constant: ranking their rounding noise would give a meaningless correlation.
+# Predictions spread within float rounding (identical embeddings: cosines 1 up to ~1e-16) count as constant:
+# a correlation with their rounding noise would mean nothing.
 CONSTANT_SPREAD = 1e-9
 
 

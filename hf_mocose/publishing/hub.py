@@ -21,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 MOCOSE_SUBFOLDER = "mocose"
 CHECKPOINT_IGNORE = ["_*", ".*"]  # training-loop internals, never uploaded with a checkpoint's model files
-# What `SentenceTransformer.save` of an hf-mocose export writes or has written at the root (every tokenizer family,
-# both weight formats, sharded too) and its module folders (Transformer at the root -> Pooling -> Dense).
+# What an export's `SentenceTransformer.save` writes or wrote at the root (any tokenizer, weight format, sharding).
 EXPORT_PATTERNS = (
     "config.json", "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",

@@ -207,9 +207,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
         embeddings = None
         if self.fgsm.mode != "off" and self.args.torch_compile:
-            # FGSM needs the loss's gradient w.r.t. the online word embeddings, and a compiled model gives
-            # gradients to its inputs only: look them up here and pass them in. (Not otherwise: under FSDP2
-            # the word embeddings are a sharded unit that must run inside the root module's forward.)
+            # FGSM needs the gradient w.r.t. the word embeddings, which a compiled model gives only to its inputs.
+            # (Not otherwise: under FSDP2 they are a sharded unit that must run inside the root module's forward.)
             embeddings = unwrapped.get_input_embeddings()(inputs["input_ids"])
         augmentation = self.embedding_augmentation.forward_kwargs()
 

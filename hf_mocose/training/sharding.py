@@ -84,8 +84,6 @@ def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_preci
     if uses_target:
         refuse_unsupported_sharding(owner, fsdp_version, zero_stage, mixed_precision)
         if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
-            # With a compiled model FGSM looks the word embeddings up itself, before the model's forward, and
-            # FSDP2 runs its sharded word-embedding unit only inside the root module's forward.
             raise ValueError(f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM "
                              "would look up the sharded word embeddings outside the root module's forward): set "
                              "fgsm_mode off or torch_compile false under FSDP2, or train the compiled FGSM run with "
