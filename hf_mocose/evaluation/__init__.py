@@ -4,7 +4,6 @@
   (SentEval's classification tasks), `runner` (any encoder as a `SentenceTransformer`, tasks by name, one results
   table), `commands` (`hf-mocose evaluate` and `hf-mocose diagnose`).
 
-Sub-modules are imported lazily by their users, so importing this package stays cheap.
-
-May import: `hf_mocose.models`, `methods`, `data`, `metrics`. The core never imports it.
+Sub-modules are imported lazily by their users, so importing this package stays cheap. May import:
+`hf_mocose.models`, `methods`, `data`, `metrics`. The core never imports it.
 """

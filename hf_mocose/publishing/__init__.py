@@ -6,6 +6,5 @@
 - `hub`: uploads as one commit that deletes the stale files it owns, and what training publishes.
 - `commands`: the `hf-mocose export` and `hf-mocose push` sub-commands.
 
-May import: `hf_mocose.models`, `hf_mocose.methods`, `hf_mocose.data`, `hf_mocose.training`. Never the front
-ends (they import it), evaluation or the command line.
+May import: `models`, `methods`, `data`, `training`. Never the front ends (they import it), evaluation or the CLI.
 """

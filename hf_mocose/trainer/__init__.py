@@ -6,6 +6,5 @@
 - `checks`: what is refused before any work: a model that cannot be loaded, Trainer switches that cannot work.
 - `sts_evaluation`: `Trainer.evaluate` as STS-B dev Spearman.
 
-May import: `hf_mocose.models`, `methods`, `data`, `training`, `publishing`. Never `st_loss`, evaluation or the
-command line.
+May import: `hf_mocose.models`, `methods`, `data`, `training`, `publishing`. Never `st_loss`, evaluation or the CLI.
 """
