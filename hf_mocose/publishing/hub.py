@@ -261,9 +261,8 @@ def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | N
 
 
 class HubPublishingMixin:
-    """`Trainer` hooks that keep the layout above: `push_to_hub()` publishes what `hf-mocose export` + `push`
-    publish, `_push_from_checkpoint` sends checkpoints where `hub_strategy` says (never to the root), `init_hf_repo`
-    names and creates the repo as `Trainer.init_hf_repo` does, through hf-mocose's checks."""
+    """`Trainer` hooks that keep the layout above: `push_to_hub()` publishes what `hf-mocose export` + `push` do,
+    checkpoints go where `hub_strategy` says (never to the root), `init_hf_repo` goes through hf-mocose's checks."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Creates the repo `hub_model_id` (default: the output_dir's name in the token's namespace, as `Trainer`)

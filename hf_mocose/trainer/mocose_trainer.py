@@ -5,9 +5,8 @@ raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as 
   - `compute_loss`: an adapter of `ContrastiveObjective.step`, the step of every method and of `MoCoSELoss` too;
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - evaluation (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev so `load_best_model_at_end` works;
-  - `train`: checks `resume_from_checkpoint` first ("last" = the newest complete checkpoint);
-  - checkpoint hooks: carry FGSM's "previous" gradient (exact resume); `_save` adds `card_facts.json` (so the card
-    never unpickles `training_args.bin`); `save_model` completes FSDP2 sharded saves;
+  - `train`: checks `resume_from_checkpoint` first; checkpoint hooks: FGSM's "previous" gradient (exact resume),
+    `card_facts.json` beside every saved model (`_save`), FSDP2 sharded saves completed (`save_model`);
   - Hub publishing (`HubPublishingMixin`): the export at the repo root, the MoCoSE model in `mocose/`.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
 """

@@ -3,9 +3,8 @@
 `MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, callbacks, `metric_key_prefix`, dicts of eval
 datasets) and replaces only the steps that assume a loss over batches (`get_eval_dataloader`, `evaluation_loop`,
 `get_test_dataloader` for `predict`). STS-B dev is reported as `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`
-x100 (the papers' and `hf-mocose evaluate`'s scale; the `MoCoSELoss` front end reports [-1, 1]).
-
-Sentences are encoded whole by default (as SentEval and the paper do); `eval_max_seq_length` chooses another length.
+x100 (the papers' and `hf-mocose evaluate`'s scale; the `MoCoSELoss` front end reports [-1, 1]). Sentences are
+encoded whole by default (as SentEval and the paper do); `eval_max_seq_length` chooses another length.
 A core module: `hf_mocose.evaluation` (SentEval tasks, diagnostics, their command line) is never imported here.
 """
 
