@@ -143,10 +143,9 @@ def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: in
 class ContrastiveCollator:
     """Pads tokenised sentences into `(B, L)` batches; with a UNA augmenter, also each sentence's hard negative.
 
-    Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded to `max_length`) are
-    stacked as they are; with `una_augmenter` (a `UNAAugmenter`) the `text` gives `negative_*`, drawn with `seed`
-    and the batch's text, so the same in every worker, after a resume, and on every rank. `pad_to_max_length`
-    pads every batch to `max_length` (FGSM "previous" needs fixed shapes).
+    Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
+    with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
+    worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
     """
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):

@@ -100,11 +100,8 @@ def sts_correlation(embeddings1, embeddings2, gold) -> dict:
 
 
 def aggregate_sets(per_set: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
-    """Both STS12-16 aggregations from ``{set: (cosine scores, gold)}``.
-
-    ``all``: one correlation over the concatenated sets (SimCSE/MoCoSE, our default).
-    ``wmean``: per-set correlations averaged with weights = set sizes (SentEval's "all" entry).
-    """
+    """Both STS12-16 aggregations from ``{set: (cosine scores, gold)}``: ``all``, one correlation over the
+    concatenated sets (SimCSE/MoCoSE, our default); ``wmean``, set correlations weighted by set size (SentEval's)."""
     predicted = np.concatenate([p for p, _ in per_set.values()])
     gold = np.concatenate([g for _, g in per_set.values()])
     concat = score_correlation(predicted, gold)
