@@ -3,11 +3,9 @@
 Each feature module owns its sub-commands through a `register(subparsers)` function; this file only names them.
 A settings mistake (a `ValueError`, `FileNotFoundError`, `NotADirectoryError` or `HubPushError` raised by a `raise`
 statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`) prints one line and exits
-with status 2:
+with status 2; anything else keeps Python's traceback, and `HF_MOCOSE_DEBUG=1` shows every one:
 
     train.py: error: per_device_train_batch_size must be >= 1, got 0. (HF_MOCOSE_DEBUG=1 shows the traceback)
-
-Anything else (a bug, a crash inside a library) keeps Python's traceback; `HF_MOCOSE_DEBUG=1` shows every one.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@
 
 Built from sentence-transformers' own modules and written by its own `save`: Transformer (online encoder + tokenizer)
 -> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity
-activation; only for cls_dense). The training machinery (target branch, queue, heads) is left out. `max_seq_length`
-is what the encoder supports at inference (`models.encoding`), not the (short) training length. The card (README.md)
-is parsed back by `huggingface_hub.ModelCard`, so bad YAML fails here, not on the Hub.
+activation; only for cls_dense). `max_seq_length` is what the encoder supports at inference (`models.encoding`),
+not the (short) training length. The card is parsed back, so bad YAML fails here, not on the Hub.
 """
 
 from __future__ import annotations
