@@ -165,7 +165,10 @@ def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> l
 def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval_dir: str | Path, task: str,
                            seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Runs one transfer task; returns ``{"accuracy": x100, "n": test examples, "protocol": ..., ...}``."""
-    paths = transfer_task_files(senteval_dir, task)  # every file is read (`_lines` checks it) before encoding
+    paths = transfer_task_files(senteval_dir, task)
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"missing SentEval file {path}; {TRANSFER_LAYOUT_HELP}")
     if task in ("mr", "cr", "subj", "mpqa"):
         sentences, y = load_binary(*paths)
         (X,) = _embed(encode, sentences)
