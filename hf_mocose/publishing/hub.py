@@ -299,9 +299,8 @@ class HubPublishingMixin:
 
     def export_sentence_transformers(self, output_dir: str | os.PathLike | None = None, *,
                                      final_dir: str | os.PathLike | None = None, **card_kwargs) -> Path | None:
-        """What `push_to_hub()` publishes, without the upload: the MoCoSE model saved to `final_dir` (default
-        `<output_dir>/final`), its export with the card to `output_dir` (default `<output_dir>/sentence-transformers`).
-        Call it on every process (sharded saves need them all); returns the export folder on the main process."""
+        """What `push_to_hub()` publishes, saved without the upload (`final_dir`, `output_dir` default under
+        `args.output_dir`). Call it on every process (sharded saves need them all); the main one gets the folder."""
         final_dir = Path(final_dir or Path(self.args.output_dir) / "final")
         self.save_model(str(final_dir), _internal_call=True)
         if not self.is_world_process_zero():

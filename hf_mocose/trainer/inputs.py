@@ -128,12 +128,9 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
 
 
 def check_train_dataset(dataset, args=None):
-    """The training data's checks, run before any model is loaded; returns the dataset to tokenise.
-
-    A dataset with `input_ids` must have rows; one with a `text` column loses its blank sentences and must keep
-    one (`data.corpus.drop_blank_sentences`); one whose columns are unknown (a torch `Dataset`) passes; anything
-    else is refused naming its columns. A streamed dataset needs `max_steps` and cannot feed UNA.
-    """
+    """The training data's checks, run before any model is loaded; returns the dataset to tokenise. Tokenised
+    rows or non-blank `text` rows are needed (unknown columns, as a torch `Dataset`'s, pass); anything else is
+    refused naming its columns. A streamed dataset needs `max_steps` and cannot feed UNA."""
     if args is not None and isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
         if args.max_steps <= 0:
             raise ValueError("train_dataset is streamed (an IterableDataset, read as training goes, with no length): "
