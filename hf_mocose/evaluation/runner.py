@@ -112,9 +112,8 @@ def run_tasks(
     inner_folds: int = 5,
     log=print,
 ) -> dict:
-    """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`. Returns the JSON-able
-    results: one entry per task, ``avg``/``avg_over`` (mean STS test Spearman), ``transfer_avg``/
-    ``transfer_avg_over`` and ``seconds`` per task."""
+    """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`: one result per task,
+    ``avg``/``avg_over`` (STS tests), ``transfer_avg``/``transfer_avg_over`` and ``seconds`` per task."""
     results: dict = {}
     seconds: dict[str, float] = {}
     for task in tasks:

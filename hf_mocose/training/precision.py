@@ -35,9 +35,8 @@ class AutocastState:
 
 @contextlib.contextmanager
 def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
-    """While the block runs, records (in the yielded object's `state`) the autocast `module`'s forward runs under
-    (a forward pre-hook). `module` is one the online model's `forward` calls (e.g. a `SentenceTransformer`'s first
-    module), not the model itself: accelerate wraps the model's `forward`, and its hooks run outside it."""
+    """While the block runs, records in the yielded `.state` the autocast `module`'s forward runs under. `module`
+    is one the online `forward` calls, not the model itself (accelerate's autocast wraps it, outside its hooks)."""
     recording = SimpleNamespace(state=AutocastState())
 
     def hook(mod, args):
