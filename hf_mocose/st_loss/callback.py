@@ -1,9 +1,7 @@
 """`MoCoSELossCallback`: what runs a `MoCoSELoss` from `SentenceTransformerTrainer`'s loop.
 
-A loss cannot register callbacks, so the user passes `callbacks=[loss.callback]` to the trainer, as
-sentence-transformers and TRL users do for their own callbacks (TRL's trainers add `SyncRefModelCallback`
-themselves; sentence-transformers has no loss-owned callbacks). A loss trained without it stops at its
-first training step with an error that names this fix. Event by event:
+A loss cannot register callbacks, so the user passes `callbacks=[loss.callback]`; a loss trained without it
+stops at its first step with an error naming this fix. Event by event:
 
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
@@ -15,14 +13,9 @@ first training step with an error that names this fix. Event by event:
   `on_evaluate` (`save_strategy="best"`, deciding as the Trainer is about to): the loss state written into
   the coming checkpoint, so it is there before `_save_checkpoint` starts a Hub push; `on_save` checks.
 
-The loss state in the Trainer's checkpoints: `SentenceTransformerTrainer` saves and restores the model only. The loss's own state goes into
-`checkpoint-N/mocose_loss/` of the run's folder: `state.pt` (online heads, target encoder and head,
-queue with pointer and fill, last EMA decay, a fingerprint of the model weights; by the main process)
-and, for FGSM "previous", each process's last gradient sign (`fgsm_rank{r}.pt`).
-
-The run's folder is `output_dir`, or under hyperparameter search the trial's: `output_dir/<hp_name(trial)>`
-when the search has an `hp_name` (the Trainer records it as `state.trial_name`), else the folder
-`output_dir/run-<id>` the Trainer has just written the checkpoint into (`locate_checkpoint`).
+`SentenceTransformerTrainer` checkpoints the model only; the loss state goes into `checkpoint-N/mocose_loss/`
+of the run's folder (`output_dir`, or a hyperparameter-search trial's): `state.pt` (heads, target, queue, last
+EMA decay, a fingerprint of the model weights) and each process's FGSM "previous" sign (`fgsm_rank{r}.pt`).
 """
 
 from __future__ import annotations
@@ -38,8 +31,8 @@ from sentence_transformers.util.distributed import get_world_size
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
-from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from ..models.ema import EMATargetCallback
+from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 # ----------------------------------------------------------------- the loss state in checkpoints
@@ -193,12 +186,8 @@ def check_streamed_data(dataset, args=None) -> None:
 
 
 class MoCoSELossCallback(EMATargetCallback):
-    """Runs a `MoCoSELoss` from the Trainer loop (the module docstring lists what, event by event).
-
-    Attributes:
-        mocose_loss: the loss it runs.
-        head_gradients: the heads' gradient averaging and joint clip (`HeadGradients`).
-    """
+    """Runs `mocose_loss` from the Trainer loop (the module docstring lists what, event by event); `head_gradients`
+    averages and clips the heads' gradients (`HeadGradients`)."""
 
     def __init__(self, mocose_loss: nn.Module):
         settings = mocose_loss.settings
@@ -270,8 +259,6 @@ class MoCoSELossCallback(EMATargetCallback):
     # ----------------------------------------------------------------- every optimizer step
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.head_gradients.clip(self.mocose_loss.online_model, self.mocose_loss.online_head)
-
-    # on_optimizer_step: the EMA update, inherited.
 
     # ----------------------------------------------------------------- checkpoints
     def on_step_end(self, args, state, control, **kwargs):
