@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from sentence_transformers.util.distributed import get_world_size
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
 from ..models.ema import EMATargetCallback
 from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
+from ..methods.mtd import max_traceable_distance
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 # ----------------------------------------------------------------- the loss state in checkpoints
@@ -259,6 +261,28 @@ class MoCoSELossCallback(EMATargetCallback):
     # ----------------------------------------------------------------- every optimizer step
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.head_gradients.clip(self.mocose_loss.online_model, self.mocose_loss.online_head)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # MoCoSETrainer's step metrics under the same names. Callbacks run after the `report_to` reporters, so
+        # these reach the console, `trainer_state.json`'s log history and later callbacks, not TensorBoard/W&B.
+        loss = self.mocose_loss
+        metrics = loss.objective.pop_metrics() if logs is not None and "loss" in logs else {}
+        if not metrics:
+            return
+        values = torch.stack([value.float() for value in metrics.values()])
+        if get_world_size() > 1:
+            dist.all_reduce(values)
+            values /= get_world_size()
+        step = {name: round(value, 4) for name, value in zip(metrics, values.tolist())}
+        if loss.queue is not None:
+            step["queue_fill"] = int(loss.queue.queue_fill)
+        if self.last_decay is not None:
+            batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * get_world_size()
+            step["ema_decay"] = round(self.last_decay, 6)
+            step["d_trace"] = round(max_traceable_distance(self.last_decay, loss.queue.capacity, batch), 4)
+        logs.update(step)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(step)
 
     # ----------------------------------------------------------------- checkpoints
     def on_step_end(self, args, state, control, **kwargs):
