@@ -32,7 +32,7 @@ from ..models.encoding import encode_with_model
 from ..models.encoding import inference_max_seq_length
 from .model_card import (
     CITATIONS,
-    STS_TASKS,
+    STS_TEST_TASKS,
     STSB_DEV,
     TASK_NAMES,
     TRAINING_LOSS,
@@ -337,7 +337,7 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
         training_max_seq_length=details["training_max_seq_length"],
         has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
         modules=[type(module).__name__ for module in st_model], details=details, results=results,
-        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
+        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TEST_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
         paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
         dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
         training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,

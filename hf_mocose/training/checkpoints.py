@@ -2,7 +2,7 @@
 
 A Trainer checkpoint (`Trainer._save_checkpoint`, transformers 5.x) is written file by file:
 config.json and the weights (`save_model`), the tokenizer and training_args.bin, then
-optimizer.pt, scheduler.pt and rng_state*.pth (and FGSM's fgsm_state_rank*.pt), and
+optimizer.pt, scheduler.pt and rng_state*.pth (and FGSM's fgsm_rank*.pt), and
 trainer_state.json last. safetensors writes the weights to a `.tmpXXXXXX` file in the same folder
 and renames it when done. So a process killed while saving leaves a folder with a temporary file,
 or without the later files, and a weights file cut short by a full disk or an interrupted copy is
