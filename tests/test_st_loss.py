@@ -92,6 +92,12 @@ def test_trains_and_feeds_the_queue(tiny_encoder, tmp_path):
     assert all(torch.isfinite(torch.tensor(_losses(trainer))))
     assert loss.callback.last_decay == pytest.approx(ema_decay_at(3, 4, 0.75, 0.95))
     assert any(not torch.equal(a, b) for a, b in zip(target_before, loss.target_encoder.parameters()))
+    # MoCoSETrainer's step metrics, under its names, in the log history of every logging step.
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["queue_fill"] for h in logged] == [3 + 4 * step for step in range(1, 5)]
+    assert logged[-1]["ema_decay"] == pytest.approx(ema_decay_at(3, 4, 0.75, 0.95), abs=1e-6)
+    assert logged[-1]["d_trace"] == pytest.approx(1 / (1 - logged[-1]["ema_decay"]) + 40 / 4, abs=1e-3)
+    assert all(-1 <= h[name] <= 1 for h in logged for name in ("pos_cos", "neg_cos", "key_cos"))
 
 
 def test_a_forgotten_callback_stops_the_first_step_naming_the_fix(tiny_encoder, tmp_path):

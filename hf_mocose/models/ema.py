@@ -1,20 +1,16 @@
 """The EMA target: the decay schedule, the online/target tensor pairs, their local shards, and the update.
 
 theta_target <- eta * theta_target + (1 - eta) * theta_online, with eta following `ema_decay_at(step)`.
-`MoCoSEModel` (for `MoCoSETrainer`) and `MoCoSELoss` (for `SentenceTransformerTrainer`) each name their
-pairs with `ema_tensor_pairs`; `EMATargetCallback` applies the update once per optimizer step (after
-`optimizer.step()`), never inside `forward`: under gradient accumulation a `forward`-time update would run
-once per micro-batch, and on stray forwards (eval); TRL's `SyncRefModelCallback` is the same pattern.
-Under FSDP2 each parameter is a `DTensor` and its twin is sharded alike, so the EMA
-interpolates each rank's local shards (`local_shards`) with no communication (`check_twin_layout` refuses
-a pair laid out otherwise).
+`MoCoSEModel` and `MoCoSELoss` name their pairs with `ema_tensor_pairs`; `EMATargetCallback` applies the
+update after each `optimizer.step()` (as TRL's `SyncRefModelCallback`), never inside `forward`, which runs
+once per micro-batch and on evaluation too. Under FSDP2 both twins are `DTensor`s sharded alike, so each rank
+interpolates its local shards (`local_shards`) with no communication (`check_twin_layout` checks the layout).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-
 from typing import NamedTuple
 
 import torch
@@ -25,10 +21,6 @@ try:  # torch >= 2.4
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - older torch has no FSDP2 either
     DTensor = None
-
-# The reference code (xbdxwyh/mocose, class EMA) ramps eta over this many steps whatever the run length.
-REFERENCE_EMA_HORIZON = 15000
-
 
 
 class EMATensorPairs(NamedTuple):
@@ -54,9 +46,8 @@ def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> None:
-    """Raises a `ValueError` naming `name` unless `target` is laid out like `online`, so that their local
-    shards pair up element for element: both unsharded, or both `DTensor`s on the same mesh with the same
-    placements and local shape."""
+    """Raises a `ValueError` naming `name` unless `online` and `target` are both unsharded, or both `DTensor`s
+    with the same mesh, placements and local shape (so their local shards pair up element for element)."""
     if is_sharded(online) != is_sharded(target):
         which = "online" if is_sharded(online) else "target"
         raise ValueError(
@@ -75,16 +66,8 @@ def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> 
 
 
 def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: Iterable[torch.Tensor] = ()) -> EMATensorPairs:
-    """Matching tensors of online modules and their target copies, for the EMA update.
-
-    Parameters are paired by name; floating buffers that both modules have are paired too (they
-    are copied, not interpolated). Tensors in `skip` (e.g. word embeddings both branches share)
-    are left out. Each pair must be laid out alike (`sharding.check_twin_layout`): both unsharded,
-    or both FSDP2 `DTensor`s sharded the same way.
-
-    Returns:
-        `(online_params, target_params, online_buffers, target_buffers)`.
-    """
+    """`EMATensorPairs` of online modules and their target copies: parameters paired by name, floating buffers
+    both have (copied, not averaged), without the tensors in `skip` (e.g. the shared word embeddings)."""
     skipped = {id(t) for t in skip}
     online_params, target_params, online_buffers, target_buffers = [], [], [], []
     for online, target in module_pairs:
@@ -105,9 +88,8 @@ def ema_tensor_pairs(module_pairs: Iterable[tuple[nn.Module, nn.Module]], skip: 
 def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon: int | None = None) -> float:
     r"""The cosine-ramped EMA decay :math:`\eta(t) = \eta_{end} - (\eta_{end} - \eta_{start})(\cos(\pi t/T) + 1)/2`.
 
-    `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T and stays there.
-    T is `horizon` when given (the reference code's fixed 15,000 steps), else `total_steps`, the run
-    length. `start == end` gives a constant decay.
+    `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T and stays there. T is `horizon`
+    when given (the reference code's fixed 15,000 steps), else `total_steps`. `start == end`: a constant decay.
     """
     length = total_steps if horizon is None else horizon
     if length <= 0:
@@ -117,11 +99,8 @@ def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon:
 
 
 def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: int) -> tuple[float, float]:
-    """Smallest and largest eta a run of `max_steps` optimizer steps applies.
-
-    Without a horizon (or with `max_steps` not known yet, <= 0) the ramp is taken to span `start..end`;
-    a horizon longer than the run stops the ramp short of `end`.
-    """
+    """Smallest and largest eta a run of `max_steps` optimizer steps applies (a horizon longer than the run stops
+    the ramp short of `end`; without a horizon, or `max_steps` <= 0 not known yet, it spans `start..end`)."""
     last = end if horizon is None or max_steps <= 0 else ema_decay_at(max_steps - 1, max_steps, start, end, horizon)
     return min(start, last), max(start, last)
 
@@ -129,11 +108,8 @@ def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: in
 class EMATargetCallback(TrainerCallback):
     """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
 
-    Parameters are interpolated with one fused `torch._foreach_lerp_` over flat tensor lists; floating
-    buffers are copied. The decay follows `ema_decay_at(global_step)`. The lists are built at
-    construction and again at `on_train_begin`, after `accelerator.prepare()`: FSDP2 replaces the
-    parameters by `DTensor`s, whose local shards (`hf_mocose.models.ema.local_shards`) are then interpolated in
-    place, each rank its own, with no communication (the target is sharded like the online branch).
+    One fused `torch._foreach_lerp_` over the parameters, buffers copied, eta = `ema_decay_at(global_step)`.
+    The pairs are read again at `on_train_begin`, after `accelerator.prepare()` (FSDP2 puts `DTensor`s in place).
 
     Attributes:
         pairs: the `EMATensorPairs` it updates, as collected last.
@@ -147,7 +123,6 @@ class EMATargetCallback(TrainerCallback):
     """
 
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
-        # The schedule comes checked from the method settings (`hf_mocose.models.settings.validate_settings`).
         self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon
         self.bind(model)
         self.last_decay: float | None = None

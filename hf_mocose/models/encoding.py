@@ -1,23 +1,11 @@
 """Sentence lengths and sentence embeddings of a loaded `MoCoSEModel`.
 
-Lengths. The sequence length an exported model truncates at when it is used, as opposed to the training length.
-
-Training truncates every sentence at `MoCoSEConfig.max_seq_length` (32 in the papers) for speed.
-The exported sentence-transformers model is used on whole sentences and passages, so it gets the
-length the encoder supports at inference instead, in this order:
-
-1. an explicit value (`hf-mocose export --max_seq_length N`, `export_max_seq_length` in training);
-2. the base model's own sentence-transformers `max_seq_length` (256 for all-MiniLM-L6-v2), recorded
-   in the checkpoint's config as `base_max_seq_length` when training starts, so that the export does
-   not need the base model folder; for checkpoints without it, read from the base model if it can
-   still be reached;
-3. the encoder's position limit (`resolve_max_length`: the tokenizer's `model_max_length` capped by
-   the position embeddings, minus RoBERTa's padding offset).
-
-Embeddings. `hf-mocose evaluate` encodes with `SentenceTransformer.encode` (`evaluation/runner.py`). This module
-serves the callers that hold a model object rather than a folder: the trainer's STS evaluation (mid-training)
-and the export's check against `MoCoSEModel.embed`. Like sentence-transformers: length-sorted batches,
-``model.eval()``, no gradient; the embeddings come back in float32.
+Training truncates at `max_seq_length` (32 in the papers); the exported model is used on whole passages, so it
+gets, in this order: an explicit `--max_seq_length` / `export_max_seq_length`; the base model's own
+sentence-transformers `max_seq_length` (recorded as `base_max_seq_length` when training starts, or read from
+the base model if reachable); the encoder's position limit (`resolve_max_length`).
+`encode_with_model` serves callers that hold a live model rather than a folder (mid-training STS, the export's
+check); `hf-mocose evaluate` encodes with `SentenceTransformer.encode`.
 """
 
 from __future__ import annotations
@@ -32,13 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None) -> int | None:
-    """The `max_seq_length` a sentence-transformers model (folder or Hub id) declares, or None.
-
-    None when `name_or_path` is not a sentence-transformers model (no `modules.json`) or cannot be
-    read (a folder that no longer exists, a Hub id while offline). Read from the Transformer
-    module's `sentence_bert_config.json` (`max_seq_length`, as in all-MiniLM-L6-v2), else from its
-    tokenizer's `model_max_length` (what sentence-transformers >= 6 saves), without loading weights.
-    """
+    """The `max_seq_length` a sentence-transformers model (folder or Hub id) declares, read from its Transformer
+    module's config (else its tokenizer's `model_max_length`) without loading weights; None when it is not one
+    or cannot be read (a folder gone, a Hub id offline)."""
     if not name_or_path:
         return None
     name_or_path = str(name_or_path)
@@ -78,19 +62,10 @@ def base_model_of(config) -> str | None:
     return getattr(config, "base_model_name_or_path", None) or getattr(config.encoder_config, "_name_or_path", None) or None
 
 
-def encoder_length_limit(config, tokenizer) -> int:
-    """The longest input, in tokens, the encoder of a model with MoCoSE `config` supports: the tokenizer's
-    `model_max_length` capped by the position embeddings (`resolve_max_length`)."""
-    return resolve_max_length(tokenizer, config.encoder_config)
-
-
 def check_length_fits_encoder(name: str, length: int, config, tokenizer, purpose: str) -> int:
-    """`length` as an int; a `ValueError` naming `name`, `length` and the limit when it is below 2 or above
-    `encoder_length_limit` (inputs that long would index past the position embeddings).
-
-    `purpose` says what the length is for in the message ("for the export", "for training", ...).
-    """
-    limit = encoder_length_limit(config, tokenizer)
+    """`length` as an int; a `ValueError` naming `name`, `length` (`purpose`: "for the export", ...) and the limit
+    when it is below 2 or above the encoder's (`resolve_max_length`: past it inputs index past the positions)."""
+    limit = resolve_max_length(tokenizer, config.encoder_config)
     if not 2 <= length <= limit:
         raise ValueError(
             f"{name} {length!r} {purpose} is out of range: it must be between 2 and {limit}, the longest input "
@@ -100,15 +75,12 @@ def check_length_fits_encoder(name: str, length: int, config, tokenizer, purpose
 
 
 def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = None) -> tuple[int, str]:
-    """`(length, where it came from)` for the export of a model with MoCoSE `config` and `tokenizer`.
-
-    Raises a `ValueError` naming `max_seq_length` when it is below 2 or above the encoder's position
-    limit (`check_length_fits_encoder`).
-    """
+    """`(length, where it came from)` for the export of a model with MoCoSE `config` and `tokenizer`;
+    a `ValueError` names a `max_seq_length` out of range (`check_length_fits_encoder`)."""
     if max_seq_length is not None:
         length = check_length_fits_encoder("max_seq_length", max_seq_length, config, tokenizer, "for the export")
         return length, "given explicitly"
-    limit = encoder_length_limit(config, tokenizer)
+    limit = resolve_max_length(tokenizer, config.encoder_config)
     recorded = getattr(config, "base_max_seq_length", None)
     if recorded:
         return min(int(recorded), limit), "the base model's sentence-transformers max_seq_length"
@@ -117,10 +89,6 @@ def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = Non
     if found:
         return min(found, limit), f"the sentence-transformers max_seq_length of {base}"
     return limit, "the encoder's position limit"
-
-
-__all__ = ["base_model_of", "check_length_fits_encoder", "encoder_length_limit", "inference_max_seq_length",
-           "sentence_transformers_max_seq_length"]
 
 
 def resolve_max_length(tokenizer, config=None, max_length: int | None = None) -> int:
@@ -143,15 +111,9 @@ def resolve_max_length(tokenizer, config=None, max_length: int | None = None) ->
 @torch.no_grad()
 def encode_with_model(model, tokenizer, sentences: list[str], batch_size: int = 64,
                       max_length: int | None = None) -> torch.Tensor:
-    """Sentence embeddings from a MoCoSE model (``model.embed``: online encoder + its sentence_pooling).
-
-    Sentences are truncated at `max_length`, by default the encoder's own limit (whole sentences, as
-    SentEval encodes them), not the training `max_seq_length`. The model stays on its device; its
-    train/eval mode is restored afterwards, so the trainer can call this mid-training.
-
-    Returns:
-        `(len(sentences), hidden)` float32 CPU tensor, rows in the order of `sentences`.
-    """
+    """`(len(sentences), hidden)` float32 CPU embeddings from ``model.embed``, in order, as sentence-transformers
+    encodes (length-sorted batches, eval mode, no gradient), truncated at `max_length` (default: the encoder's
+    limit, not the training length). The model stays on its device; its train mode is given back."""
     # Ours, not `SentenceTransformer.encode`: its Transformer module loads a model from a folder; it cannot
     # take the live model the trainer is training (on its device, unwrapped, its train mode given back).
     if not sentences:
@@ -175,4 +137,5 @@ def encode_with_model(model, tokenizer, sentences: list[str], batch_size: int = 
     return torch.stack(out)
 
 
-__all__ = ["encode_with_model", "resolve_max_length"]
+__all__ = ["base_model_of", "check_length_fits_encoder", "encode_with_model", "inference_max_seq_length",
+           "resolve_max_length", "sentence_transformers_max_seq_length"]

@@ -58,11 +58,7 @@ def _blocks(dims: list[int], dropout: float, init: str) -> list[nn.Module]:
 def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "random",
                      out_dim: int | None = None) -> nn.Sequential:
     """`n_layers` blocks of Linear + LayerNorm + Dropout, `(., hidden) -> (., out_dim)`; identity for 0.
-
-    The blocks are Linear(h, h) except the last, Linear(h, out_dim) (`out_dim` defaults to `hidden`): the
-    reference code's `out_size`, which sets the width of the keys, the queries and the queue. `init`:
-    `"random"` or `"identity"` (see `MoCoSEConfig.head_init`).
-    """
+    `out_dim` (default `hidden`, the reference code's `out_size`) is the width of keys, queries and queue."""
     out_dim = out_dim or hidden
     if n_layers == 0 and out_dim != hidden:
         raise ValueError(f"A projection of width {out_dim} needs projection_layers >= 1 (with none, the keys keep "
@@ -72,12 +68,7 @@ def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "ra
 
 def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: float, init: str = "random") -> nn.Sequential:
     """(n-1) Linear + LayerNorm + Dropout blocks of width `width`, then Linear(., h) + Tanh; identity for 0.
-
-    `hidden` (h) is the width of the queries and keys: the projection's output width.
-
-    With `init="identity"` the predictor starts as tanh(LayerNorm(x)) (one block) or the same through
-    more identity blocks: close to a pass-through of its (LayerNorm-ed) input, never a random map.
-    """
+    `hidden` (h): the width of queries and keys. `init="identity"` starts it near a pass-through, tanh(LayerNorm(x))."""
     if n_layers == 0:
         return nn.Sequential()
     width = width or hidden

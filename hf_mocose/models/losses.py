@@ -1,8 +1,7 @@
 """The one contrastive loss every method uses: InfoNCE over cosine similarity / temperature.
 
-MoCoSE, SimCSE and the family's variants differ only in what they pass in: which keys are
-candidates (own key only, or the whole gathered batch), and which extra negatives (a queue,
-hard negatives) join the denominator with which weights.
+The methods differ only in what they pass in: the candidate keys (own key, or the gathered batch) and the extra
+negatives (queue, hard negatives) with their weights.
 """
 
 from __future__ import annotations
@@ -15,13 +14,8 @@ from torch.nn import functional as F
 
 @dataclass
 class ContrastiveLossOutput:
-    """Result of `info_nce_loss`.
-
-    Attributes:
-        loss: scalar, mean InfoNCE over the queries.
-        positive_cosine: scalar, mean cosine of each query with its positive key (detached).
-        negative_cosine: scalar, mean cosine of queries with their (weighted-in) negatives (detached).
-    """
+    """Result of `info_nce_loss`: the scalar mean `loss`, and the detached mean cosines of the queries with their
+    positive (`positive_cosine`) and with their weighted-in negatives (`negative_cosine`)."""
 
     loss: torch.Tensor
     positive_cosine: torch.Tensor
@@ -42,17 +36,12 @@ def info_nce_loss(
 
     Args:
         queries: `(B, D)` online outputs q_i.
-        keys: with `positive_index=None`, `(B, D)`: key k_i is the positive of q_i and the only key q_i
-            sees (no in-batch negatives). Otherwise `(G, D)` candidate keys, e.g. the keys of the
-            whole global batch: `keys[positive_index[i]]` is q_i's positive, every other row a negative.
+        keys: `(B, D)` with `positive_index=None`: k_i is q_i's positive and the only key it sees. Otherwise
+            `(G, D)` candidates (e.g. the global batch's keys): `keys[positive_index[i]]` is q_i's positive.
         temperature: tau > 0.
         positive_index: `(B,)` long, the row of each query's positive in `keys` (in-batch negatives on).
         extra_negatives: `(N, D)` negatives shared by all queries (the queue, hard negatives).
-        extra_negative_weights: `(N,)` non-negative weights w_l on `exp(q.n/tau)`; 0 removes an entry
-            (an empty queue slot, a slot outside the chosen age slice). Defaults to all ones.
-
-    Returns:
-        `ContrastiveLossOutput` with the mean loss and detached cosine statistics.
+        extra_negative_weights: `(N,)` weights w_l >= 0 (0 removes an entry, e.g. an empty slot); default ones.
     """
     q = F.normalize(queries.float(), dim=-1)
     k = F.normalize(keys.float(), dim=-1)
@@ -97,15 +86,9 @@ def twins_loss(
     r"""IFCL's Twins loss :math:`| e^{s(h,h^+)} - e^{s(h,h^-)} - M |` with
     :math:`M = e^{s(x,x^+)} - e^{s(x,x^-)}` measured on the (pooled) input embeddings.
 
-    The gap between the identical twin (h+, a dropout view) and the fraternal twin (h-, the fused
-    translation view) in the output space is held to the gap their inputs already have. `s` is cosine.
-
-    Args:
-        anchor, identical, fraternal: `(B, D)` outputs h, h+, h-.
-        anchor_input, identical_input, fraternal_input: `(B, H)` pooled input embeddings x, x+, x-.
-
-    Returns:
-        Scalar mean over the batch.
+    The output-space gap between the identical twin (h+, a dropout view) and the fraternal twin (h-, the fused
+    translation view) is held to their inputs' gap; `s` is cosine. `anchor`, `identical`, `fraternal`: `(B, D)`
+    outputs; `*_input`: `(B, H)` pooled input embeddings. Returns the scalar batch mean.
     """
     def exp_cos(a, b):
         return torch.exp(F.cosine_similarity(a.float(), b.float(), dim=-1))

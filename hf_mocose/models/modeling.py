@@ -7,14 +7,11 @@ Layout (method "mocose"):
 
 ([CLS] is the masked mean of the token states instead when `sentence_pooling="mean"`.)
 
-The target branch is an EMA copy of the online one (updated by `EMATargetCallback` after each
-optimizer step, never by the optimizer) with one deviation: word embeddings are shared, so the
-target encoder keeps only a 1-row placeholder embedding table and always receives the online word
-embeddings as `inputs_embeds`. With `shared_embeddings="module"` (the paper's Figure 2 and the
-reference code; the paper recipes set it) the rest of the embedding module (position and token-type
-embeddings, embedding LayerNorm) is shared too: copied from the online encoder after every optimizer
-step instead of averaged. The queue (`KeyQueue`) and the target weights are persistent state, so
-`save_pretrained` / `from_pretrained` restore a run exactly.
+The target branch is an EMA copy of the online one (`EMATargetCallback`, after each optimizer step) whose
+word embeddings are the online ones: its encoder keeps a 1-row placeholder table and reads `inputs_embeds`.
+With `shared_embeddings="module"` (the paper's Figure 2; the paper recipes) the rest of the embedding module
+is copied from the online encoder after every step instead of averaged. The queue and the target are
+persistent state, so `save_pretrained` / `from_pretrained` restore a run exactly.
 """
 
 from __future__ import annotations
@@ -38,22 +35,17 @@ from .queue import KeyQueue
 
 @dataclass
 class MoCoSEOutput(ModelOutput):
-    """Output of `MoCoSEModel.forward`.
+    """Output of `MoCoSEModel.forward` (and of `MoCoSELoss`'s `encode`).
 
     Attributes:
         query: `(B, D)` online branch output (after the predictor), with gradient.
-        key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with
-            gradient) for "simcse" and "ifcl".
-        word_embeddings: `(B, L, H)` the online word embeddings (FGSM perturbation added, before the
-            other embedding augmentations); FGSM reads its gradient.
-        negative_keys: `(U, D)` hard negatives (e.g. UNA) passed through the key branch, or None.
-        fraternal_query: `(B, D)` IFCL's fraternal view h- (the fused translation input), or None.
-        input_embeddings: `(2, B, H)` masked means of the anchor's and the fraternal view's input
-            embeddings (IFCL's Twins margin), or None.
-        negative_queries: `(U, D)` the hard negatives through the query branch when they are anchors too
-            (UNA as in its paper), or None.
-        fgsm_gradient_at: `(B, L, H)` where FGSM reads the loss's gradient: `word_embeddings`, or the clean
-            `inputs_embeds` the caller passed (a compiled module gives gradients to its inputs only).
+        key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with gradient) else.
+        word_embeddings: `(B, L, H)` the online word embeddings, FGSM perturbation added.
+        negative_keys / negative_queries: `(U, D)` hard negatives through the key / query branch (UNA), or None.
+        fraternal_query: `(B, D)` IFCL's fraternal view, or None.
+        input_embeddings: `(2, B, H)` mean input embeddings of the anchor and the fraternal view (Twins), or None.
+        fgsm_gradient_at: `(B, L, H)` where FGSM reads the gradient (`word_embeddings` or the caller's
+            `inputs_embeds`: a compiled module gives gradients to its inputs only).
     """
 
     query: torch.Tensor | None = None
@@ -113,13 +105,9 @@ class MoCoSEModel(PreTrainedModel):
         cls, encoder_name_or_path: str | PreTrainedModel, fraternal_model_name_or_path: str | None = None,
         **config_kwargs,
     ) -> "MoCoSEModel":
-        """Builds a fresh MoCoSE model around a pretrained encoder: a folder or Hub id, or a loaded model (its
-        `base_model` if it has a task head; the MoCoSE model takes its dtype, the queue stays fp32).
-
-        Both encoders start as the encoder; the pooler Linear from its pooler dense weights when it has them.
-        `config_kwargs` are `MoCoSEConfig` fields. `fraternal_model_name_or_path` (IFCL) copies that model's
-        word vectors as the fraternal table (lifted to its hidden size when its embeddings are factorised, as
-        ALBERT's: `hf_mocose.methods.augmentation`).
+        """Builds a fresh MoCoSE model around a pretrained encoder (a folder, Hub id or loaded model, whose dtype
+        it takes; the queue stays fp32). Both encoders start as it, the pooler from its pooler when it has one.
+        `config_kwargs` are `MoCoSEConfig` fields; `fraternal_model_name_or_path` (IFCL) gives the fraternal table.
         """
         pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
@@ -139,13 +127,9 @@ class MoCoSEModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Loads a MoCoSE checkpoint (`subfolder="mocose"` of a published repo too), or builds a fresh MoCoSE
-        model around a plain encoder checkpoint.
-
-        For an encoder, keywords named in `MODEL_CONFIG_FIELDS` (and `fraternal_model_name_or_path`)
-        configure the new model, the others (`dtype`, float32 by default as in TRL, `revision`...) go to its
-        `AutoModel.from_pretrained`; a MoCoSE checkpoint keeps its config (a warning names what differs).
-        """
+        """Loads a MoCoSE checkpoint (`subfolder="mocose"` of a published repo too), or builds a fresh model
+        around a plain encoder: `MODEL_CONFIG_FIELDS` keywords configure it, the others (`dtype`, float32 by
+        default as in TRL, `revision`...) go to `AutoModel.from_pretrained`. A checkpoint keeps its config."""
         overrides = {k: kwargs.pop(k) for k in (*MODEL_CONFIG_FIELDS, "fraternal_model_name_or_path") if k in kwargs}
         if kwargs.get("config") is None:
             location = {k: kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in kwargs}
@@ -177,9 +161,7 @@ class MoCoSEModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- word embeddings
     def get_input_embeddings(self) -> nn.Module:
-        """The online encoder's word embeddings `(V, H)`: the only table both branches read (see the module docstring).
-
-        accelerate's FSDP2 preparation asks every model for them (it shards them as their own unit)."""
+        """The online encoder's word embeddings `(V, H)`, the table both branches read (FSDP2 shards it alone)."""
         return self.online_encoder.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
@@ -188,9 +170,8 @@ class MoCoSEModel(PreTrainedModel):
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:
-        """Resizes the shared word embeddings (the online encoder's) to `new_num_tokens` rows, as
-        `PreTrainedModel.resize_token_embeddings` does, and records the size in `config.encoder_config`
-        so that the saved model reloads. The target encoder's 1-row placeholder table is left alone."""
+        """Resizes the shared word embeddings to `new_num_tokens` rows and records it in `config.encoder_config`
+        so the saved model reloads (the target's 1-row placeholder stays)."""
         embeddings = self.online_encoder.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.config.encoder_config.vocab_size = self.online_encoder.config.vocab_size
         return embeddings
@@ -208,13 +189,8 @@ class MoCoSEModel(PreTrainedModel):
         return [self.target_encoder, self.target_pooler, self.target_projection]
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
-        """Matching tensors of both branches, for the EMA update.
-
-        Returns:
-            `(online_params, target_params, online_copied, target_copied)`: the first two are averaged,
-            the last two copied (floating buffers; with `shared_embeddings="module"` also the embedding
-            module's parameters). The shared word embeddings are left out.
-        """
+        """Matching tensors of both branches for the EMA update: `(online_params, target_params, online_copied,
+        target_copied)`, averaged / copied (buffers; the embedding module with `shared_embeddings="module"`)."""
         online = (self.online_encoder, self.online_pooler, self.online_projection)
         shared = self.online_encoder.get_input_embeddings().weight
         copied_online, copied_target = self._shared_embedding_module_tensors()
@@ -224,8 +200,7 @@ class MoCoSEModel(PreTrainedModel):
         return online_p, target_p, online_b + copied_online, target_b + copied_target
 
     def _shared_embedding_module_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """With `shared_embeddings="module"`: the embedding module's parameters (word embeddings aside) of
-        the online encoder and the matching target ones; empty lists otherwise."""
+        """With `shared_embeddings="module"`: the embedding module's online and target parameters (words aside)."""
         if not self.config.uses_target or self.config.shared_embeddings != "module":
             return [], []
         word = self.online_encoder.get_input_embeddings()
@@ -257,11 +232,8 @@ class MoCoSEModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- forward
     def _encode_sentence(self, encoder, inputs_embeds, attention_mask, token_type_ids) -> torch.Tensor:
-        """`(B, H)` the state the heads read: the [CLS] state, or the masked token mean for `sentence_pooling="mean"`.
-
-        Training reads the same state that evaluation and the export pool (`embed`), so a model kept on
-        mean pooling (e.g. all-MiniLM-L6-v2) is trained on its mean, not on a [CLS] state it never uses.
-        """
+        """`(B, H)` the state the heads read: [CLS], or the masked token mean for `sentence_pooling="mean"` (so a
+        model kept on mean pooling, as all-MiniLM-L6-v2, trains on the state it is used with)."""
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
         return pool_sentence_embedding(hidden, attention_mask, "mean" if self.config.sentence_pooling == "mean" else "cls")
@@ -289,31 +261,23 @@ class MoCoSEModel(PreTrainedModel):
         """Runs both views of a batch (and its hard negatives, if any).
 
         Args:
-            input_ids: `(B, L)` token ids.
-            attention_mask: `(B, L)`.
-            token_type_ids: `(B, L)`, for encoders that use them.
+            input_ids, attention_mask, token_type_ids: `(B, L)`.
             embedding_perturbation: `(B, L, H)` added to the online word embeddings (FGSM), or None.
             perturb_target: whether the target branch sees the perturbed embeddings too.
-            online_augmentation: `f(embeddings (B, L, H), attention_mask (B, L)) -> (B, L, H)` applied to the
-                online view's word embeddings (token shuffle / cutoff).
-            key_augmentation: the same for the key view (target branch or second dropout view), drawn
-                independently; None leaves the keys' embeddings clean.
+            online_augmentation, key_augmentation: `f(embeddings (B, L, H), attention_mask (B, L)) -> (B, L, H)`
+                on the query's / the key's word embeddings (token shuffle / cutoff), drawn independently.
             negative_input_ids, negative_attention_mask, negative_token_type_ids: `(U, L')` hard negatives,
-                encoded like keys: by the target branch for "mocose", by the online branch otherwise.
+                encoded like keys.
             fraternal_input_ids, fraternal_attention_mask: `(B, L)` IFCL's fraternal text in the fraternal
-                vocabulary, padded to the same L as `input_ids`; fused position by position with the anchor.
-            positive_input_ids, positive_attention_mask, positive_token_type_ids: `(B, L'')` a given positive of
-                each sentence (e.g. a paraphrase); the key is then computed from it instead of the sentence itself.
-            negatives_as_anchors: also pass the hard negatives through the query branch (`negative_queries`):
-                UNA as in its paper, where each augmented sentence is an anchor with its own positive too.
-            inputs_embeds: `(B, L, H)` the online word embeddings of `input_ids`, looked up by the caller (with
-                `get_input_embeddings()`) instead of here. `MoCoSETrainer` passes them when FGSM needs their
-                gradient: a compiled module (`torch_compile`) gives gradients to its inputs, not to tensors it
-                makes inside.
+                vocabulary, fused position by position with the anchor.
+            positive_input_ids, positive_attention_mask, positive_token_type_ids: `(B, L'')` a given positive
+                (e.g. a paraphrase) the key is computed from instead of the sentence itself.
+            negatives_as_anchors: the hard negatives are anchors too (`negative_queries`: UNA as in its paper).
+            inputs_embeds: `(B, L, H)` the online word embeddings, looked up by the caller so that FGSM gets
+                their gradient under `torch_compile`.
 
         Returns:
-            `MoCoSEOutput` with `query` `(B, D)`, `key` `(B, D)`, `word_embeddings` `(B, L, H)`,
-            `negative_keys` `(U, D)` or None and `negative_queries` `(U, D)` or None.
+            `MoCoSEOutput`.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

@@ -17,23 +17,11 @@ runs its branches on the batch and returns a `MoCoSEOutput`. Everything else hap
    enqueue at the same point without a hook of their own (the Trainer's `training_step` and
    sentence-transformers' loss call differ, the autograd engine is the same).
 
-FGSM (Goodfellow et al.) as MoCoSE uses it: x' = x + epsilon * sign(grad_x L), x the online word embeddings
-`(B, L, H)`.
-
-Units of epsilon:
-  - "absolute" (the paper's): the step is epsilon itself. The paper's 5e-9 is about one float32 ulp of
-    a word-embedding entry (their RMS is ~0.05 in BERT-style models) and rounds away in bf16, so at
-    that value the perturbation does nothing measurable.
-  - "embedding_rms": the step is epsilon times the root-mean-square of the batch's word-embedding
-    entries, so epsilon is a relative size (0.01 moves each entry by 1 % of a typical entry) that
-    means the same for every encoder and precision.
-
-Modes:
-  - "previous" (default; the reference code's): reuse the sign of the gradient that the *previous*
-    backward left on the word embeddings, so the perturbation costs nothing. A sign of another shape
-    (dynamic padding, a short last batch) is cropped or zero-filled to the current batch's shape.
-  - "exact": one extra forward/backward on the current batch to get its own gradient.
-  - "off": no perturbation.
+FGSM (Goodfellow et al.): x' = x + epsilon * sign(grad_x L) on the online word embeddings `(B, L, H)`.
+epsilon is "absolute" (the paper's 5e-9, about one float32 ulp of an entry: it rounds away in bf16) or
+"embedding_rms" (a fraction of the batch's word-embedding RMS, the same for every encoder and precision).
+Mode "previous" (the reference code's, free) reuses the sign the last backward left, cropped or zero-filled
+to this batch's shape; "exact" pays one probe forward/backward; "off". More in docs/methods.md.
 
 The EMA update of the target runs after the optimizer step, in `hf_mocose.models.ema`.
 Read one step in this order: this module, `modeling.py` (what `encode` runs), `queue.py`, `ema.py`.
@@ -64,18 +52,11 @@ Encode = Callable[[Tensor | None, bool], MoCoSEOutput]
 
 
 class FGSMPerturbation:
-    """Holds the FGSM settings and, for mode "previous", the sign of the last gradient.
-
-    Args:
-        mode: one of `hf_mocose.models.settings.FGSM_MODES`.
-        epsilon: the step size (>= 0), in `epsilon_unit`s.
-        views: "both" (target branch sees the perturbed embeddings too) or "online".
-        epsilon_unit: "absolute" or "embedding_rms" (see the module docstring).
-    """
+    """The FGSM settings (`fgsm_mode`, `fgsm_epsilon`, `fgsm_views`, `fgsm_epsilon_unit`, checked by
+    `models.settings.validate_settings`) and, for mode "previous", the sign of the last gradient."""
 
     def __init__(self, mode: str = "previous", epsilon: float = 5e-9, views: str = "both",
                  epsilon_unit: str = "absolute"):
-        # The values come checked from the method settings (`hf_mocose.models.settings.validate_settings`).
         self.mode, self.epsilon, self.views, self.epsilon_unit = mode, epsilon, views, epsilon_unit
         self.last_gradient_sign: Tensor | None = None
         self.last_step_size: Tensor | float = epsilon
@@ -101,10 +82,8 @@ class FGSMPerturbation:
     def previous_perturbation(self, word_embeddings_shape: torch.Size) -> Tensor | None:
         """The "previous" perturbation `(B, L, H)` for embeddings of this shape, or None (first step).
 
-        A previous gradient sign of another shape (a shorter last batch, or batches padded to their
-        longest sentence, as sentence-transformers pads) is fitted to `(B, L, H)`: cropped where it is
-        larger, zero where it has no value. It belongs to other sentences anyway (the reference code
-        reuses the previous batch's sign), so only the shape must fit; with fixed padding nothing changes.
+        A sign of another shape (a short last batch, dynamic padding) is cropped or zero-filled: it belongs
+        to other sentences anyway (the reference code reuses the previous batch's), so only the shape must fit.
         """
         if self.mode != "previous" or self.last_gradient_sign is None:
             return None
@@ -118,12 +97,8 @@ class FGSMPerturbation:
 
     def track(self, word_embeddings: Tensor, gradient_at: Tensor | None = None) -> None:
         """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` `(B, L, H)` (mode
-        "previous"), and the step size those embeddings call for.
-
-        `gradient_at` `(B, L, H)`: where to read that gradient instead, a tensor whose gradient equals theirs:
-        the clean word embeddings the model took as input, before it added the perturbation. Under
-        `torch_compile` only a compiled module's inputs get gradients, not the tensors it returns.
-        """
+        "previous"), and their step size. `gradient_at` `(B, L, H)`: where to read that gradient instead (the
+        clean input embeddings: under `torch_compile` only a compiled module's inputs get gradients)."""
         source = word_embeddings if gradient_at is None else gradient_at
         if self.mode == "previous" and source.requires_grad:
             source.register_hook(self._store)
@@ -141,10 +116,8 @@ class FGSMPerturbation:
 
 
 def gather(tensor: Tensor, with_grad: bool) -> Tensor:
-    """`(n, D)` of every process, concatenated in rank order; `with_grad` keeps the local rows' gradient.
-
-    sentence-transformers' `all_gather`; a single process skips it (it would warn that nothing is distributed).
-    """
+    """`(n, D)` of every process in rank order (sentence-transformers' `all_gather`, which warns on one
+    process: skipped there); `with_grad` keeps the local rows' gradient."""
     return all_gather(tensor.contiguous(), with_grad=with_grad) if get_world_size() > 1 else tensor
 
 
@@ -176,11 +149,8 @@ def load_fgsm_state(fgsm: FGSMPerturbation, folder: str | Path, rank: int, devic
 
 
 def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:
-    """Runs `fn` once the backward pass through `loss` has finished (at once if `loss` has no gradient).
-
-    A hook on `loss` fires as the backward starts and queues `fn` as an autograd final callback, which the
-    engine runs after every gradient (and every recomputed checkpointed forward) of that backward.
-    """
+    """Runs `fn` once the backward pass through `loss` has finished (at once if `loss` has no gradient): a
+    hook on `loss` queues it as an autograd final callback, run after every gradient of that backward."""
     if not loss.requires_grad:
         fn()
         return
@@ -308,12 +278,9 @@ class ContrastiveObjective:
         self.metric_steps += count
 
     def pop_metrics(self) -> dict[str, Tensor]:
-        """This process's mean of each step metric since the last call (0-dim tensors, no host sync), then resets.
-
-        `pos_cos` / `neg_cos`: mean cosine of queries with their positive / their negatives; `key_cos`: mean
-        cosine between the step's keys (near 1 when the representation collapses); IFCL's `loss_fraternal`
-        and `loss_twins`.
-        """
+        """This process's mean of each step metric since the last call (0-dim tensors, no host sync), then resets:
+        `pos_cos` / `neg_cos` (queries with their positive / negatives), `key_cos` (between the step's keys: near 1
+        when the representation collapses), IFCL's `loss_fraternal` and `loss_twins`."""
         steps, sums = self.metric_steps, dict(self.metric_sums)
         self.metric_sums.clear()
         self.metric_steps = 0

@@ -1,9 +1,7 @@
 """`KeyQueue`: the FIFO ring of past keys that MoCoSE uses as negatives.
 
-Compact by design (after moco's `builder.py`): one `(K, D)` buffer, a write pointer and a fill
-count, all persistent buffers so that `save_pretrained` checkpoints carry them. Nothing here
-synchronises host and device: "how many entries are valid" and "how old is each entry" are
-answered with tensors (masks, ages), never with `.item()`.
+After moco's `builder.py`: one `(K, D)` buffer, a write pointer and a fill count, persistent buffers that
+checkpoints carry. Validity and age are tensors (masks), never `.item()`: no host-device sync.
 """
 
 from __future__ import annotations
@@ -14,12 +12,8 @@ from torch.nn import functional as F
 
 
 class KeyQueue(nn.Module):
-    """A ring buffer of L2-normalised keys, oldest overwritten first.
-
-    Slots are written in order `queue_ptr, queue_ptr + 1, ...` (mod K). Until the ring is full the
-    valid entries are slots `[0, queue_fill)`; afterwards all K slots are valid. The age of a slot
-    (0 = newest) is `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask
-    over the buffer, not a copy.
+    """A ring buffer of L2-normalised keys, oldest overwritten first. The age of a slot (0 = newest) is
+    `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask over the buffer, not a copy.
 
     Args:
         capacity: K, the number of keys kept.
@@ -53,10 +47,7 @@ class KeyQueue(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, new_keys: torch.Tensor) -> None:
-        """Writes `(N, D)` keys (normalised here) in one indexed copy, wrapping around the ring.
-
-        When N > K only the last K keys are kept, as if they had been written one by one.
-        """
+        """Writes `(N, D)` keys (normalised here) in one indexed copy, wrapping around (N > K: the last K)."""
         new_keys = F.normalize(new_keys.detach().float(), dim=1)
         if new_keys.shape[0] > self.capacity:
             new_keys = new_keys[-self.capacity :]

@@ -24,7 +24,7 @@ from ..training.checkpoints import list_checkpoints
 from .card_hyperparameters import as_record, model_rows, training_rows
 
 CARD_FACTS_JSON = "card_facts.json"
-STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+STS_TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "stsb": "STS-B",
               "sickr": "SICK-R", "stsb_dev": "STS-B dev", "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA",
@@ -186,7 +186,7 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     if "eval_stsb_spearman" in flat and "stsb_dev" not in flat:
         flat["stsb_dev"] = {"spearman": flat["eval_stsb_spearman"], "pearson": flat.get("eval_stsb_pearson")}
     sts, transfer = {}, {}
-    for task in (*STS_TASKS, "stsb_dev"):
+    for task in (*STS_TEST_TASKS, "stsb_dev"):
         value = {"spearman": flat[task]} if isinstance(flat.get(task), (int, float)) else flat.get(task)
         if isinstance(value, dict) and isinstance(value.get("spearman"), (int, float)):
             sts[task] = {k: value.get(k) for k in ("spearman", "pearson", "n")}
@@ -199,10 +199,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     avg = avg.get("spearman") if isinstance(avg, dict) else avg
     # `avg_over` (hf-mocose evaluate) says which STS tasks the average covers; a partial average
     # must not be labelled, or compared with the paper, as the 7-task one.
-    avg_over = flat.get("avg_over") or [t for t in STS_TASKS if t in sts]
-    if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TASKS):
-        avg, avg_over = sum(sts[t]["spearman"] for t in STS_TASKS) / len(STS_TASKS), list(STS_TASKS)
-    complete = set(STS_TASKS) <= set(avg_over)
+    avg_over = flat.get("avg_over") or [t for t in STS_TEST_TASKS if t in sts]
+    if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TEST_TASKS):
+        avg, avg_over = sum(sts[t]["spearman"] for t in STS_TEST_TASKS) / len(STS_TEST_TASKS), list(STS_TEST_TASKS)
+    complete = set(STS_TEST_TASKS) <= set(avg_over)
     transfer_avg = flat.get("transfer_avg")
     return {
         "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,

@@ -1,9 +1,7 @@
 """`MoCoSELossCallback`: what runs a `MoCoSELoss` from `SentenceTransformerTrainer`'s loop.
 
-A loss cannot register callbacks, so the user passes `callbacks=[loss.callback]` to the trainer, as
-sentence-transformers and TRL users do for their own callbacks (TRL's trainers add `SyncRefModelCallback`
-themselves; sentence-transformers has no loss-owned callbacks). A loss trained without it stops at its
-first training step with an error that names this fix. Event by event:
+A loss cannot register callbacks, so the user passes `callbacks=[loss.callback]`; a loss trained without it
+stops at its first step with an error naming this fix. Event by event:
 
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
@@ -15,14 +13,9 @@ first training step with an error that names this fix. Event by event:
   `on_evaluate` (`save_strategy="best"`, deciding as the Trainer is about to): the loss state written into
   the coming checkpoint, so it is there before `_save_checkpoint` starts a Hub push; `on_save` checks.
 
-The loss state in the Trainer's checkpoints: `SentenceTransformerTrainer` saves and restores the model only. The loss's own state goes into
-`checkpoint-N/mocose_loss/` of the run's folder: `state.pt` (online heads, target encoder and head,
-queue with pointer and fill, last EMA decay, a fingerprint of the model weights; by the main process)
-and, for FGSM "previous", each process's last gradient sign (`fgsm_rank{r}.pt`).
-
-The run's folder is `output_dir`, or under hyperparameter search the trial's: `output_dir/<hp_name(trial)>`
-when the search has an `hp_name` (the Trainer records it as `state.trial_name`), else the folder
-`output_dir/run-<id>` the Trainer has just written the checkpoint into (`locate_checkpoint`).
+`SentenceTransformerTrainer` checkpoints the model only; the loss state goes into `checkpoint-N/mocose_loss/`
+of the run's folder (`output_dir`, or a hyperparameter-search trial's): `state.pt` (heads, target, queue, last
+EMA decay, a fingerprint of the model weights) and each process's FGSM "previous" sign (`fgsm_rank{r}.pt`).
 """
 
 from __future__ import annotations
@@ -34,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from sentence_transformers.util.distributed import get_world_size
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
-from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from ..models.ema import EMATargetCallback
+from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
+from ..methods.mtd import max_traceable_distance
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 # ----------------------------------------------------------------- the loss state in checkpoints
@@ -193,12 +188,8 @@ def check_streamed_data(dataset, args=None) -> None:
 
 
 class MoCoSELossCallback(EMATargetCallback):
-    """Runs a `MoCoSELoss` from the Trainer loop (the module docstring lists what, event by event).
-
-    Attributes:
-        mocose_loss: the loss it runs.
-        head_gradients: the heads' gradient averaging and joint clip (`HeadGradients`).
-    """
+    """Runs `mocose_loss` from the Trainer loop (the module docstring lists what, event by event); `head_gradients`
+    averages and clips the heads' gradients (`HeadGradients`)."""
 
     def __init__(self, mocose_loss: nn.Module):
         settings = mocose_loss.settings
@@ -271,7 +262,27 @@ class MoCoSELossCallback(EMATargetCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.head_gradients.clip(self.mocose_loss.online_model, self.mocose_loss.online_head)
 
-    # on_optimizer_step: the EMA update, inherited.
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # MoCoSETrainer's step metrics under the same names. Callbacks run after the `report_to` reporters, so
+        # these reach the console, `trainer_state.json`'s log history and later callbacks, not TensorBoard/W&B.
+        loss = self.mocose_loss
+        metrics = loss.objective.pop_metrics() if logs is not None and "loss" in logs else {}
+        if not metrics:
+            return
+        values = torch.stack([value.float() for value in metrics.values()])
+        if get_world_size() > 1:
+            dist.all_reduce(values)
+            values /= get_world_size()
+        step = {name: round(value, 4) for name, value in zip(metrics, values.tolist())}
+        if loss.queue is not None:
+            step["queue_fill"] = int(loss.queue.queue_fill)
+        if self.last_decay is not None:
+            batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * get_world_size()
+            step["ema_decay"] = round(self.last_decay, 6)
+            step["d_trace"] = round(max_traceable_distance(self.last_decay, loss.queue.capacity, batch), 4)
+        logs.update(step)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(step)
 
     # ----------------------------------------------------------------- checkpoints
     def on_step_end(self, args, state, control, **kwargs):

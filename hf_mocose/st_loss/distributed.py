@@ -1,20 +1,11 @@
 """`MoCoSELoss` across processes and under `max_grad_norm`: the heads' gradients as `MoCoSETrainer` has them.
 
-`MoCoSETrainer` trains one module, the `MoCoSEModel`, heads included, so the Trainer's DDP averages
-the heads' gradients with the encoder's once per optimizer step (accelerate's `no_sync` holds the
-earlier micro-batches back) and its `max_grad_norm` clip covers all of them. `SentenceTransformerTrainer`
-wraps and clips the `SentenceTransformer` alone, while `MoCoSELoss` keeps its heads itself.
-`HeadGradients` gives them the same semantics:
-
-1. At the end of the backward of the last micro-batch of an optimizer step, after DDP has averaged
-   the model's gradients, the heads' gradients are averaged over the processes in one all-reduce,
-   and the model's gradient norm is read, before the Trainer clips it.
-2. At `on_pre_optimizer_step`, after the Trainer clipped the model's gradients alone, every gradient
-   (model and heads) is rescaled so that the result is one clip of both together, torch's
-   `clip_grad_norm_` rule: g * min(1, max_grad_norm / (||(g_model, g_heads)|| + 1e-6)).
-
-The `grad_norm` the Trainer logs stays its own: the model's norm before clipping, heads excluded.
-The joint norm the clip used is `loss.callback.head_gradients.last_grad_norm`.
+`MoCoSETrainer`'s DDP averages and clips heads and encoder together; `SentenceTransformerTrainer` wraps and clips
+the `SentenceTransformer` alone, while `MoCoSELoss` keeps its heads. `HeadGradients` restores the same semantics:
+at the end of the last micro-batch's backward (after DDP's averaging) the heads' gradients are averaged in one
+all-reduce and the model's norm is read; at `on_pre_optimizer_step`, after the Trainer clipped the model alone,
+every gradient is rescaled into one joint clip: g * min(1, max_grad_norm / (||(g_model, g_heads)|| + 1e-6)).
+The logged `grad_norm` stays the Trainer's (model only); the joint one is `head_gradients.last_grad_norm`.
 """
 
 from __future__ import annotations
@@ -24,16 +15,15 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from accelerate.state import GradientState
+from sentence_transformers.util.distributed import get_world_size
 from torch import Tensor, nn
 from torch.autograd import Variable
-from sentence_transformers.util.distributed import get_world_size
 from torch.nn.utils import get_total_norm
 
 from ..training.sharding import (
     accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several,
     refuse_unsupported_sharding,
 )
-
 
 DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "
                      "it wraps, not those of the heads in the loss): launch with DDP.")
@@ -77,12 +67,8 @@ def broadcast_from_first_rank(*modules: nn.Module) -> None:
 
 
 def _after_backward(fn) -> None:
-    """Runs `fn` once the running backward pass has finished, after the callbacks queued during it.
-
-    The autograd engine runs its final callbacks in the order queued, and lets them queue more (torch's
-    DDP and FSDP use the same `queue_callback`). DDP queues its gradient averaging during the backward,
-    after a callback queued from a hook on the loss, so a second hop runs `fn` after DDP's.
-    """
+    """Runs `fn` after the running backward and the final callbacks queued during it: DDP queues its averaging
+    after a callback queued from the loss's hook, so a second hop (callbacks may queue more) runs `fn` after it."""
     engine = Variable._execution_engine
     engine.queue_callback(lambda: engine.queue_callback(fn))
 
@@ -91,9 +77,8 @@ class HeadGradients:
     """The heads' gradient averaging and the joint clip (the module docstring), for one run of a `MoCoSELoss`.
 
     Attributes:
-        max_grad_norm: the Trainer's `max_grad_norm` (set at `on_train_begin`); <= 0 clips nothing.
-        last_grad_norm: the joint pre-clip norm of model and heads at the last optimizer step (0-dim
-            tensor, no host sync), or None.
+        max_grad_norm: the Trainer's (set at `on_train_begin`); <= 0 clips nothing.
+        last_grad_norm: the joint pre-clip norm at the last optimizer step (0-dim tensor), or None.
         reductions: all-reduces of head gradients so far (one per optimizer step under several processes).
     """
 

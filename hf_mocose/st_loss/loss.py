@@ -1,10 +1,6 @@
-"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, for `SentenceTransformerTrainer`.
+"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, an adapter over `models.objective.ContrastiveObjective`.
 
-The second front end of the method: `forward` is an adapter of the step `MoCoSETrainer` runs too
-(`hf_mocose.models.objective.ContrastiveObjective`), on any `SentenceTransformer`, with its own heads,
-EMA target (`EMATargetCallback`) and queue, and the settings of `MoCoSETrainingArguments` under the same
-names and defaults. Its run-time parts live beside it: `st_loss.callback` (the callback the trainer is
-given, which also keeps the loss state in checkpoints), `st_loss.distributed` (processes and clipping).
+Beside it: `st_loss.callback` (EMA, clipping, checkpoints of the loss state), `st_loss.distributed`.
 """
 
 from __future__ import annotations
@@ -76,88 +72,44 @@ class MoCoSELoss(nn.Module):
         online:  anchor   -> model (its own modules, pooling) -> pooler -> projection -> predictor = query  (optimised)
         target:  positive -> EMA copy of the model            -> EMA pooler -> EMA projection      = key    (EMA only)
 
-    Each query's positive is its own key; its negatives are the queue and, with `in_batch_negatives`,
-    every other key of the global batch (all processes). After the loss the batch's keys are enqueued.
-    The positive is the sentence itself (one text column: the views differ by dropout and FGSM) or the
-    second column of (anchor, positive) pairs. The trainer saves the model with its own pooling; the
-    heads, target and queue go into each checkpoint's `mocose_loss/` folder.
-
-    Every setting has the name and the default of the `MoCoSETrainingArguments` field of that name: both come
-    from one description, `hf_mocose.models.settings.METHOD_SETTINGS` (`inspect.signature(MoCoSELoss)` lists
-    the keywords with their defaults; any other keyword is refused).
-
-    The other methods whose inputs a sentence-transformers dataset carries run here too, as in `MoCoSETrainer`:
-    `method="simcse"` (the key is a second dropout view of the online model, with its gradient: no target, no
-    predictor, no queue, no FGSM) and `method="ifcl"` (SimCSE's views plus a queue of past online anchors
-    weighted by IFCL's forgetting coefficients, `ifcl_forgetting`; without IFCL's fraternal view). UNA's hard
-    negatives, IFCL's fraternal view and the ablation switches are `MoCoSETrainer`'s: asking for them here is
-    refused in one line that says so.
+    The positive is the sentence itself (one text column) or the second column of (anchor, positive) pairs.
+    Its negatives are the queue and, with `in_batch_negatives`, the other keys of the global batch. The
+    trainer saves the model with its own pooling; heads, target and queue go into each checkpoint's
+    `mocose_loss/` folder. `method="simcse"` and `method="ifcl"` (without the fraternal view) run here too;
+    what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
 
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
-        method: `"mocose"` (default), `"simcse"` or `"ifcl"` (above); `ifcl_forgetting`: IFCL's lambda.
-        queue_size: K, negatives kept in the queue (at most the number of training rows).
-        queue_init_size: K_s, random unit vectors the queue starts with (at most `queue_size`; None: min(128, queue_size)).
-        ema_decay_start, ema_decay_end: EMA decay eta at the first optimizer step and at the end of its cosine ramp.
-        ema_decay_horizon: optimizer steps the ramp takes (None: the whole run).
-        contrastive_temperature: InfoNCE temperature tau.
-        in_batch_negatives: the other keys of the global batch are negatives too.
-        projection_layers, predictor_layers, predictor_dim, head_dropout, head_init: the heads, as
-            `MoCoSEConfig`'s fields (`head_init="identity"` starts the query close to the key; `"random"`: the paper's).
-        head_learning_rate: learning rate of the heads (pooler, projection, predictor); None = `learning_rate`
-            (the paper's). Given to the optimiser as `learning_rate_mapping={"online_head\\.": rate}`.
-        target_dropout: the target runs with dropout in training.
-        fgsm_mode, fgsm_epsilon, fgsm_epsilon_unit, fgsm_views: FGSM on the anchor's word embeddings
-            (`FGSMPerturbation`): "previous" (the last step's gradient sign, fitted to each batch's padded
-            length), "exact" (one extra forward/backward) or "off".
+        **settings: the method settings, with the names, defaults and help of the `MoCoSETrainingArguments`
+            fields (`hf_mocose.models.settings.LOSS_SETTINGS`; `inspect.signature(MoCoSELoss)` lists them).
 
     References:
-        * Cao et al., *Exploring the Impact of Negative Samples of Contrastive Learning: A Case Study of
-          Sentence Embedding*, Findings of ACL 2022 (MoCoSE); reference code: github.com/xbdxwyh/mocose
-        * docs/sentence_transformers.md (this loss), docs/methods.md (the method, FGSM)
+        * Cao et al., Findings of ACL 2022 (MoCoSE); docs/sentence_transformers.md, docs/methods.md
 
     Requirements:
         1. `SentenceTransformerTrainer(..., loss=loss, callbacks=[loss.callback])`: the callback moves the
            EMA target, clips the heads with the model and checkpoints the loss state.
         2. No labels; `queue_size` at most the number of training rows.
-        3. Several processes: DDP (not FSDP or DeepSpeed) and equal batches on every rank
-           (`dataloader_drop_last=True`); not fp16 with `max_grad_norm > 0` (bf16 works).
+        3. Several processes: DDP (not FSDP or DeepSpeed), `dataloader_drop_last=True`; not fp16 with
+           `max_grad_norm > 0` (bf16 works).
 
     Inputs:
         +-------------------------------------------------+--------+
         | Texts                                           | Labels |
         +=================================================+========+
-        | single sentences                                | none   |
+        | single sentences, or (anchor, positive) pairs   | none   |
         +-------------------------------------------------+--------+
-        | (anchor, positive) pairs                        | none   |
-        +-------------------------------------------------+--------+
-
-    Recommendations:
-        * Batches of 64 or more and a queue several batches long; `dataloader_drop_last=True`.
-        * On an already fine-tuned embedding model keep `head_init="identity"` and the head learning rate.
 
     Relations:
-        * `MoCoSETrainer` trains the same method on a `MoCoSEModel` (paper recipes, SimCSE/IFCL/UNA);
-          both run `ContrastiveObjective` with settings from `hf_mocose.models.settings`, and share the DDP and
-          clipping semantics (`st_loss.distributed`).
+        * `MoCoSETrainer` trains the same method on a `MoCoSEModel`; both run `ContrastiveObjective`.
         * Like `MultipleNegativesRankingLoss` with more negatives than a batch holds, from a slowly moving target.
 
     Example:
         ::
 
-            from datasets import Dataset
-            from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                               SentenceTransformerTrainingArguments)
-            from hf_mocose import MoCoSELoss
-
-            model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")
-            train_dataset = Dataset.from_dict({"text": sentences})
             loss = MoCoSELoss(model, queue_size=512, ema_decay_start=0.75, contrastive_temperature=0.05)
-            args = SentenceTransformerTrainingArguments(output_dir="out", per_device_train_batch_size=64,
-                                                        learning_rate=3e-5, dataloader_drop_last=True)
             trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset,
                                                  loss=loss, callbacks=[loss.callback])
-            trainer.train()
     """
 
     @with_keywords(LOSS_SETTINGS, more=False)  # any other keyword is refused
