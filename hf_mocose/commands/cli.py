@@ -35,8 +35,7 @@ _ARGUMENT_CHECKS = ("transformers/training_args.py", "transformers/hf_argparser.
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The `hf-mocose` parser; for a known `command` only its own module is imported and registered (the
-    others import torch and transformers), otherwise all of them (`--help`, a mistyped command)."""
+    """The `hf-mocose` parser; for a known `command` only its module is imported (the others import torch)."""
     parser = argparse.ArgumentParser(prog="hf-mocose",
                                      description="Momentum-contrastive sentence embeddings on the Hugging Face stack.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

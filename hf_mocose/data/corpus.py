@@ -92,8 +92,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
 
 
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
-    """`dataset` without the rows whose `text` is empty or blank; a `ValueError` when none is left (an
-    `IterableDataset` is filtered as it streams, uncounted). Both `load_sentences` and `MoCoSETrainer` run it."""
+    """`dataset` without blank `text` rows (a stream is filtered as it goes); a `ValueError` if none is left."""
     if isinstance(dataset, Dataset) and len(dataset) == 0:
         raise ValueError(f"{what} has no rows: give at least one sentence (a `text` column of non-empty strings).")
     kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
@@ -121,8 +120,7 @@ def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_pro
 
 
 def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
-    """The features of `dataset` once tokenised by `encode`: the columns it keeps, plus the tokenizer's outputs
-    (typed as `Dataset.map` infers them: int32 ids, int8 masks), found by tokenising one probe sentence."""
+    """The features of `dataset` once `encode`d: kept columns plus the tokenizer's, typed as `Dataset.map` does."""
     probe = encode({name: ["A probe sentence."] for name in TEXT_COLUMNS if name in dataset.column_names})
     kept = {name: feature for name, feature in (dataset.features or {}).items() if name not in removed}
     tokens = {name: List(Value("int32" if name.endswith("input_ids") else "int8")) for name in probe}
@@ -130,8 +128,7 @@ def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
 
 
 def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: int) -> Dataset:
-    """IFCL: tokenises `fraternal_text` with the fraternal model's tokenizer, padded/truncated to
-    `max_seq_length` so it fuses position by position with the (equally padded) anchor."""
+    """IFCL: tokenises `fraternal_text` with the fraternal tokenizer, padded to `max_seq_length` like the anchors."""
     def encode(batch):
         encoded = fraternal_tokenizer(batch["fraternal_text"], truncation=True, max_length=max_seq_length,
                                       padding="max_length")

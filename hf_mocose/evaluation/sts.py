@@ -34,12 +34,10 @@ STS_YEAR_SETS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # Single-file STS tasks: name -> (relative path, reader name).
 STS_FILE_TASKS: dict[str, tuple[str, str]] = {
-    "stsb": ("STS/STSBenchmark/sts-test.csv", "stsb"),
-    "sickr": ("SICK/SICK_test_annotated.txt", "sick"),
+    "stsb": ("STS/STSBenchmark/sts-test.csv", "stsb"), "sickr": ("SICK/SICK_test_annotated.txt", "sick"),
     "stsb_dev": ("STS/STSBenchmark/sts-dev.csv", "stsb"),
     # Extras, only run when asked for: useful where the test files are missing.
-    "stsb_train": ("STS/STSBenchmark/sts-train.csv", "stsb"),
-    "sickr_trial": ("SICK/SICK_trial.txt", "sick"),
+    "stsb_train": ("STS/STSBenchmark/sts-train.csv", "stsb"), "sickr_trial": ("SICK/SICK_trial.txt", "sick"),
     "sickr_train": ("SICK/SICK_train.txt", "sick"),
 }
 STS_TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -94,8 +92,7 @@ def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
 
 
 def sts_correlation(embeddings1, embeddings2, gold) -> dict:
-    """Cosine similarity of paired embeddings `(n, dim)` against gold `(n,)`: ``{"spearman", "pearson", "n"}``,
-    correlations x100."""
+    """Cosine similarity of paired `(n, dim)` embeddings vs gold `(n,)`: ``{"spearman", "pearson", "n"}``, x100."""
     return score_correlation(cosine_scores(embeddings1, embeddings2), gold)
 
 
@@ -169,8 +166,7 @@ def load_stsb_for_diagnostics(senteval_dir: str | Path, split: str | None = None
 
 
 def diagnose(encode: Callable[[list[str]], torch.Tensor], pairs: StsPairs, positive_threshold: float = 4.0) -> dict:
-    """Alignment, uniformity and spectrum of `encode` on `pairs`:
-    ``{"alignment", "uniformity", "n_positive_pairs", "n_sentences", "singular_values"}``."""
+    """Alignment, uniformity and singular-value spectrum of `encode` on `pairs`, with the pair and sentence counts."""
     unique, emb = _encode_once(encode, [pairs])
     positives = [i for i, score in enumerate(pairs.scores) if score >= positive_threshold]
     if not positives:

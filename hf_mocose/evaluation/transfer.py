@@ -24,10 +24,8 @@ from hf_mocose.data.sts_files import read_lines
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")  # SentEval paper column order
 TRANSFER_FILES: dict[str, tuple[str, ...]] = {
-    "mr": ("MR/rt-polarity.pos", "MR/rt-polarity.neg"),
-    "cr": ("CR/custrev.pos", "CR/custrev.neg"),
-    "subj": ("SUBJ/subj.subjective", "SUBJ/subj.objective"),
-    "mpqa": ("MPQA/mpqa.pos", "MPQA/mpqa.neg"),
+    "mr": ("MR/rt-polarity.pos", "MR/rt-polarity.neg"), "cr": ("CR/custrev.pos", "CR/custrev.neg"),
+    "subj": ("SUBJ/subj.subjective", "SUBJ/subj.objective"), "mpqa": ("MPQA/mpqa.pos", "MPQA/mpqa.neg"),
     "sst2": ("SST/binary/sentiment-train", "SST/binary/sentiment-dev", "SST/binary/sentiment-test"),
     "trec": ("TREC/train_5500.label", "TREC/TREC_10.label"),
     "mrpc": ("MRPC/msr_paraphrase_train.txt", "MRPC/msr_paraphrase_test.txt"),

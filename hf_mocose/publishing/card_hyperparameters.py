@@ -45,8 +45,7 @@ NOT_HYPERPARAMETERS = {
     "output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",
     "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit", "report_to", "do_train", "do_eval",
     "do_predict", "run_name", "hub_model_id", "hub_token", "push_to_hub", "resume_from_checkpoint", "disable_tqdm",
-    "trackio_space_id", "project",
-}
+    "trackio_space_id", "project"}
 # The model's rows, read from config.json: the method settings that are `MoCoSEConfig` fields and have a label.
 MODEL_FIELDS = {s.name: s.label for s in METHOD_SETTINGS if s.label and s.model}
 

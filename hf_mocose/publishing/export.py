@@ -55,8 +55,7 @@ def is_mocose_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def load_mocose_checkpoint(checkpoint: str | os.PathLike):
-    """Loads `(model, tokenizer)` from a MoCoSE checkpoint folder, in eval mode on the CPU; an error names the path
-    when it is no MoCoSE checkpoint, has no tokenizer or a weights file cut short."""
+    """`(model, tokenizer)` of a MoCoSE checkpoint folder, eval mode, CPU; errors say what is wrong with it."""
     from transformers import AutoTokenizer
 
     from ..models.modeling import MoCoSEModel
@@ -120,8 +119,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
 
 
 def reference_embeddings(model, tokenizer, sentences, max_length: int, batch_size: int = 32) -> torch.Tensor:
-    """`model.embed` for `sentences`, truncated at `max_length` tokens: what an export with that
-    `max_seq_length` must reproduce. Returns `(len(sentences), hidden)` float32 on the CPU."""
+    """`model.embed` of `sentences` at `max_length` tokens (what an export must match): `(N, hidden)` float32, CPU."""
     return encode_with_model(model, tokenizer, list(sentences), batch_size=batch_size, max_length=max_length)
 
 

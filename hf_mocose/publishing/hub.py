@@ -42,8 +42,7 @@ class HubPushError(RuntimeError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    """Returns `repo_id` if it is a valid `namespace/name` (a bare name would land in the token's account), else
-    raises a `ValueError`."""
+    """`repo_id` if a valid `namespace/name` (a bare name would land in the token's account); else a `ValueError`."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
 
@@ -158,8 +157,7 @@ def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, w
 def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | None = None,
                 revision: str | None = None, commit_message: str | None = None, dry_run: bool = False,
                 token: str | None = None, endpoint: str | None = None) -> str | list[tuple[str, int]]:
-    """Uploads a sentence-transformers export to the root of `repo_id` (stale export files deleted in the same
-    commit). Returns the commit URL, or with `dry_run` the `(path_in_repo, size)` list it would upload."""
+    """Uploads an export to `repo_id`'s root, deleting stale export files; the commit URL, or the `dry_run` list."""
     validate_repo_id(repo_id)
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
@@ -177,8 +175,7 @@ def push_export(export_dir: str | os.PathLike, repo_id: str, *, private: bool | 
 
 # ----------------------------------------------------------------------------- what a training run publishes
 def checkpoint_path_in_repo(hub_strategy: str, checkpoint_folder: str | os.PathLike) -> str | None:
-    """Where a checkpoint goes in the repo for `hub_strategy` (None: not pushed on save): transformers' folders,
-    and `mocose/` for what it would push to the root."""
+    """Where `hub_strategy` puts a checkpoint: transformers' folder, `mocose/` for the root; None: not on save."""
     return {"checkpoint": "last-checkpoint", "all_checkpoints": Path(checkpoint_folder).name,
             "every_save": MOCOSE_SUBFOLDER}.get(str(getattr(hub_strategy, "value", hub_strategy)))
 
@@ -220,8 +217,7 @@ def final_repo_id(trainer) -> str:
 
 
 def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: int | None = None, **card_kwargs) -> Path:
-    """Writes the sentence-transformers export of `final_dir`, at `max_seq_length` (default: see
-    `export_to_sentence_transformers`), with the live run's card (`card_facts`); returns its folder."""
+    """Writes the sentence-transformers export of `final_dir` with the live run's card (`card_facts`); returns it."""
     from .export import export_to_sentence_transformers
     from .model_card import card_facts
 
@@ -265,8 +261,7 @@ class HubPublishingMixin:
     checkpoints go where `hub_strategy` says (never to the root), `init_hf_repo` goes through hf-mocose's checks."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Creates the repo `hub_model_id` (default: the output_dir's name in the token's namespace, as `Trainer`)
-        and records its id in `self.hub_model_id`. Main process only."""
+        """Main process only: creates the repo as `Trainer` does (named after output_dir by default)."""
         if not self.is_world_process_zero():
             return
         name = self.args.hub_model_id or Path(self.args.output_dir).absolute().name

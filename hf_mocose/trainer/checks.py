@@ -116,8 +116,7 @@ def check_trainer_switches(trainer) -> None:
 
 
 def check_metric_for_best_model(args, eval_dataset) -> None:
-    """Refuses a `metric_for_best_model` the STS evaluation never returns (transformers' KeyError at the first
-    evaluation otherwise), when training evaluates; `eval_` may be left out, as transformers adds it."""
+    """Refuses a `metric_for_best_model` the STS evaluation never returns (a KeyError mid-training otherwise)."""
     metric = args.metric_for_best_model
     if metric is None or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
         return

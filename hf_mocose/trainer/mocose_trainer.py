@@ -155,8 +155,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):
-        """The Trainer's optimizer, with the heads (far from an optimum at the start) in their own groups at
-        `head_learning_rate` (if set), with the encoder groups' other settings and schedule."""
+        """The Trainer's optimizer; with `head_learning_rate` set, the heads get their own groups at it."""
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
         if fresh and self.args.head_learning_rate is not None:
@@ -181,8 +180,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return self._train_batch_size * self.args.world_size
 
     def queue_window(self, decay: float | None = None) -> int | None:
-        """Newest queue entries in use when `target_mtd` holds d_trace fixed (None: no such limit), at `decay`
-        (default: eta(global_step), the decay the next EMA update applies)."""
+        """Newest queue entries used while `target_mtd` fixes d_trace, at `decay` (default eta(step)); None: all."""
         args = self.args
         if args.target_mtd is None:
             return None
@@ -253,8 +251,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         complete_sharded_save(self, output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, with `resume_from_checkpoint` checked first (`training.checkpoints.prepare_resume`):
-        `"last"` (or True) picks the newest *complete* checkpoint; an incomplete or unfitting one is refused."""
+        """`Trainer.train`, `resume_from_checkpoint` checked first (`prepare_resume`: "last" = newest complete)."""
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         return super().train(resume, *args, **kwargs)
 

@@ -46,8 +46,7 @@ def check_sts_dataset(dataset) -> None:
 
 
 def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
-    """Evaluation truncation length: `requested` (refused beyond the encoder's limit, where the forward would
-    fail), or the encoder's own limit (whole sentences)."""
+    """Evaluation truncation: `requested` (at most the encoder's limit), else that limit (whole sentences)."""
     encoder_config = getattr(model, "online_encoder", model).config
     limit = resolve_max_length(tokenizer, encoder_config)
     if requested is None:
@@ -95,8 +94,7 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
 
 
 class STSEvaluationMixin:
-    """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring); expects
-    `args.stsb_dev_file`, `args.eval_max_seq_length` and a tokenizer as `processing_class`."""
+    """`Trainer` hooks that make `Trainer.evaluate` score STS pairs (see the module docstring)."""
 
     def check_eval_datasets(self) -> None:
         """Fails before training when an `eval_dataset` (or one of a dict of them) is not STS pairs."""

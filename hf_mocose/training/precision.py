@@ -53,8 +53,7 @@ def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where bf16 autocast is worth choosing by
-    default (docs/performance.md); a torch without these probes answers False."""
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), so `bf16: auto` picks it; unknown: False."""
     probes = [getattr(torch.cpu, name, None) for name in NATIVE_BF16_CPU_PROBES]
     return any(probe() for probe in probes if probe is not None)
 

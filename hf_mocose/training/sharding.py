@@ -41,8 +41,7 @@ def refuse_one_process_of_several(environ=None) -> None:
 
 
 def quiet_library_notices(args) -> None:
-    """Silences the notices hf-mocose's own defaults set off that ask nothing of the user: DDP's
-    `broadcast_buffers` warning, and torch's about pinned memory without an accelerator."""
+    """Silences warnings hf-mocose's defaults set off: DDP's `broadcast_buffers`, torch's pin memory on CPU."""
     if args.ddp_broadcast_buffers is False:
         quiet_ddp_broadcast_buffers_notice()
     if args.dataloader_pin_memory and args.device.type == "cpu":
