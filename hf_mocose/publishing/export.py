@@ -95,8 +95,7 @@ def _encoder_load_kwargs(encoder: nn.Module) -> dict:
 
 
 def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike, max_seq_length: int):
-    """Builds the `SentenceTransformer` equivalent of `model.embed`, truncating at `max_seq_length` tokens, from
-    sentence-transformers modules; `staging_dir` receives the encoder and tokenizer the `Transformer` loads."""
+    """The `SentenceTransformer` equivalent of `model.embed` at `max_seq_length`; its encoder saved in `staging_dir`."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 

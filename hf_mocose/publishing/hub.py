@@ -72,8 +72,7 @@ def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | No
 
 
 def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple[str, ...] = ()) -> list[str]:
-    """The files of `existing` (in the repo now) that a push owns and its upload (`uploaded`) lacks, sorted: in
-    `folders`, and with `export_root` the export's (`EXPORT_PATTERNS`, any top-level folder of `uploaded`)."""
+    """The files of `existing` the push owns (`folders`; `export_root`: the export's) that `uploaded` lacks, sorted."""
     from huggingface_hub.utils import filter_repo_objects
 
     uploaded = set(uploaded)
@@ -101,8 +100,7 @@ def hub_errors(what: str, repo_id: str, token: str | None):
 
 
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
-    """An `HfApi` for uploads: the token resolved (`HubPushError` without one), offline mode refused. With `owner`
-    (a trainer), one `HfApi` per endpoint and token, so its futures run in its one worker thread, in order."""
+    """An `HfApi` for uploads (token resolved, offline refused); one per `owner`, endpoint, token: pushes in order."""
     from huggingface_hub import HfApi, constants, get_token
 
     if constants.is_offline_mode():
@@ -231,8 +229,7 @@ def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: i
 def upload_final_model(trainer, final_dir, export_dir, *, commit_message: str | None = None,
                        revision: str | None = None, token: str | None = None, private: bool | None = None,
                        blocking: bool = True):
-    """Uploads the export to the repo root and `final_dir` to `mocose/` in ONE commit (stale files deleted); returns
-    the `CommitInfo`, or with `blocking=False` its `Future` (queued after the trainer's earlier uploads)."""
+    """Uploads the export to the root, `final_dir` to `mocose/`, in ONE commit: its `CommitInfo` (or `Future`)."""
     args = trainer.args
     return upload_folders(
         final_repo_id(trainer), [(final_dir, MOCOSE_SUBFOLDER, CHECKPOINT_IGNORE), (export_dir, None, None)],
@@ -257,8 +254,7 @@ def publish_final_model(trainer, final_dir: str | os.PathLike, *, push: bool | N
 
 
 class HubPublishingMixin:
-    """`Trainer` hooks that keep the layout above: `push_to_hub()` publishes what `hf-mocose export` + `push` do,
-    checkpoints go where `hub_strategy` says (never to the root), `init_hf_repo` goes through hf-mocose's checks."""
+    """`Trainer` hooks that keep the layout above: `push_to_hub()`, checkpoint pushes, `init_hf_repo`."""
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Main process only: creates the repo as `Trainer` does (named after output_dir by default)."""

@@ -48,8 +48,7 @@ def _builtin_path(name_or_path: str, field: str) -> str:
 
 
 def from_pretrained_kwargs(args) -> dict:
-    """`args.model_init_kwargs` for `from_pretrained`, with `dtype` float32 unless it names another (as TRL: a
-    dtype name, `"auto"` or a `torch.dtype`, passed on as given); anything else is refused naming it."""
+    """`args.model_init_kwargs` for `from_pretrained`, `dtype` float32 by default (as TRL); a non-dtype is refused."""
     kwargs = {"dtype": torch.float32, **(getattr(args, "model_init_kwargs", None) or {})}
     dtype = kwargs["dtype"]
     named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
@@ -193,8 +192,7 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
 
 
 def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
-    """Transformers' `align_special_tokens` (PAD/BOS/EOS ids into the config), which `Trainer.__init__` runs and
-    announces for every fresh MoCoSE model, run here without the announcement (the Trainer then finds nothing)."""
+    """`Trainer.__init__`'s `align_special_tokens`, run first without the announcement it makes for a fresh model."""
     from transformers.trainer_utils import align_special_tokens
     from transformers.utils import logging as transformers_logging
 

@@ -49,8 +49,7 @@ def quiet_library_notices(args) -> None:
 
 
 def quiet_ddp_broadcast_buffers_notice() -> None:
-    """torch 2.13 warns whenever DDP's deprecated `broadcast_buffers` is passed, which accelerate does with
-    `ddp_broadcast_buffers=False`, hf-mocose's default (the queue is the same on every rank)."""
+    """Silences torch's warning on DDP's deprecated `broadcast_buffers`, passed by accelerate when False (ours)."""
     warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
 
 
