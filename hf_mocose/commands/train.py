@@ -70,6 +70,8 @@ class ScriptArguments:
                                   "model_name_or_path when it is a Hub id, sentence-transformers/all-MiniLM-L6-v2 for "
                                   "builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache path; a plain local folder "
                                   "is recorded as such and the card names no base model.")
+    corpus_name: str | None = _arg(None, "How the model card names the training data (default: train_file's file "
+                                   "name, or dataset_name); a card never shows a local folder.")
     final_model_dir: str | None = _arg(None, "Where the final MoCoSE checkpoint goes (default: <output_dir>/final).")
     export_sentence_transformers: bool = _arg(True, "At the end, export the online branch to "
                                               "<output_dir>/sentence-transformers with a model card. push_to_hub "
@@ -144,11 +146,12 @@ def follow_dependent_settings(parser: HfArgumentParser, argv: list[str], recipe:
     given = {options[arg.split("=", 1)[0]].dest for arg in argv if arg.split("=", 1)[0] in options}
     values, changes = vars(parser.parse_known_args(argv)[0]), {}
 
-    def shown(value) -> str:
+    def shown(value) -> str:  # as typed on the command line
         return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
     def was(name: str) -> str:
-        return f"{name} {shown(values[name])} ({'--' + name if name in given else 'recipe' if name in recipe else 'default'})"
+        source = f"--{name}" if name in given else "recipe" if name in recipe else "default"
+        return f"{name} {shown(values[name])} ({source})"
 
     def follow(why: str, *moves: tuple[str, object], also: tuple[str, ...] = ()) -> None:
         name, value = next(((n, v) for n, v in moves if n not in given), (None, None))
@@ -182,8 +185,9 @@ def follow_dependent_settings(parser: HfArgumentParser, argv: list[str], recipe:
 # `--help` shows these Trainer options beside MoCoSE's own (ScriptArguments, the method settings, the fields
 # MoCoSETrainingArguments declares); `--help_all` shows all of transformers' too.
 COMMON_TRAINER_OPTIONS = ("output_dir", "max_steps", "gradient_accumulation_steps", "warmup_steps", "lr_scheduler_type",
-                          "save_strategy", "load_best_model_at_end", "seed", "bf16", "use_cpu", "resume_from_checkpoint",
-                          "report_to", "push_to_hub", "hub_model_id", "dataloader_num_workers", "disable_tqdm")
+                          "save_strategy", "load_best_model_at_end", "seed", "bf16", "use_cpu", "report_to",
+                          "resume_from_checkpoint", "push_to_hub", "hub_model_id", "dataloader_num_workers",
+                          "disable_tqdm")
 
 
 def shorten_help(parser: HfArgumentParser) -> None:
@@ -207,7 +211,8 @@ def shorten_help(parser: HfArgumentParser) -> None:
     parser._action_groups[1]._group_actions[:] = parser._actions[:1]
     parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, max_help_position=38)
     parser.epilog = (f"MoCoSE's options and the common Trainer options; --help_all lists all {len(parser._actions) - 1}"
-                     " (transformers' TrainingArguments too). A YAML recipe given first sets defaults; flags override it.")
+                     " (transformers' TrainingArguments too). A YAML recipe given first sets defaults; flags "
+                     "override it.")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
@@ -347,7 +352,8 @@ def main(argv: list[str] | None = None) -> str:
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     if trainer.is_world_process_zero():
         remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
-    card = dict(corpus=script_args.train_file or script_args.dataset_name,
+    # The card names a train_file by its file name (publishing.model_card.public_name), never its folder.
+    card = dict(corpus=script_args.corpus_name or script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),
                 max_seq_length=script_args.export_max_seq_length)
     if args.push_to_hub:

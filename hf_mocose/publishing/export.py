@@ -43,6 +43,7 @@ from .model_card import (
     find_template,
     load_card_facts,
     mocose_eval_results,
+    public_name,
     read_eval_results,
     training_data_tables,
     training_details,
@@ -338,7 +339,8 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
         has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
         modules=[type(module).__name__ for module in st_model], details=details, results=results,
         sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TEST_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
+        paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
+        corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
         dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
         training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
     )
