@@ -118,3 +118,41 @@ def test_help_shows_the_recipe_defaults(capsys):
     with pytest.raises(SystemExit):
         parse_args([QUICKSTART, "--help"])
     assert "(default: 256)" in capsys.readouterr().out  # the quickstart's queue_size
+
+
+# ----------------------------------------------------------------------------- 5 and 6: a resume, and the card
+def train_argv(encoder, corpus, out, batch, steps, *extra):
+    return ["--model_name_or_path", encoder, "--train_file", str(corpus), "--per_device_train_batch_size", str(batch),
+            "--max_steps", str(steps), "--queue_size", "16", "--queue_init_size", "4", "--max_seq_length", "16",
+            "--output_dir", str(out), "--use_cpu", "true", "--save_steps", "2", "--disable_tqdm", "true", *extra]
+
+
+def test_a_resume_at_another_batch_size_is_named_and_the_card_and_state_agree(tiny_encoder, tmp_path, caplog):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Sentence number {i} is about a small thing.\n" for i in range(64)))
+    out = tmp_path / "run"
+    main(train_argv(tiny_encoder, corpus, out, 8, 2, "--eval_strategy", "no", "--export_sentence_transformers", "false"))
+    caplog.clear()
+    main(train_argv(tiny_encoder, corpus, out, 4, 4, "--eval_strategy", "no", "--resume_from_checkpoint", "last"))
+    named = [record.getMessage() for record in caplog.records if "not an exact resume" in record.getMessage()]
+    assert len(named) == 1 and len(named[0].splitlines()) == 1
+    assert "trained at per_device_train_batch_size 8, with per_device_train_batch_size 4" in named[0]
+    for state in (out / "trainer_state.json", out / "checkpoint-4" / "trainer_state.json"):
+        assert json.loads(state.read_text())["train_batch_size"] == 4, state
+    card = (out / "sentence-transformers" / "README.md").read_text()
+    assert "| batch size per device | 4 |" in card and "B = 4 sentences per optimizer step" in card
+
+
+def test_no_card_holds_a_local_path(tiny_encoder, sts_dev, tmp_path):
+    corpus = tmp_path / "data" / "my_corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("".join(f"Sentence number {i} is about a small thing.\n" for i in range(32)))
+    out = tmp_path / "run"
+    main(train_argv(tiny_encoder, corpus, out, 8, 2, "--stsb_dev_file", str(sts_dev), "--eval_steps", "2"))
+    card = (out / "sentence-transformers" / "README.md").read_text()
+    assert "- **Training Dataset:** my_corpus.txt" in card and "- `stsb_dev_file`: sts-dev.csv" in card
+    for local in (tmp_path, out, tmp_path.parent):
+        assert str(local) not in card
+    named = tmp_path / "named"
+    main(train_argv(tiny_encoder, corpus, named, 8, 2, "--eval_strategy", "no", "--corpus_name", "Python docs"))
+    assert "- **Training Dataset:** Python docs" in (named / "sentence-transformers" / "README.md").read_text()
