@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, SENTEVAL_DIR
+from conftest import REPO_ROOT
 
 from hf_mocose.commands.train import cli_main, main, parse_args
 
