@@ -102,9 +102,8 @@ def run_command(prog: str, command: Callable[[], object]) -> int:
 
 
 def report_refusal(line: str) -> None:
-    """Prints a refusal once per launch: the main process prints it (and, under `torchrun`/`accelerate launch`, writes
-    it to torch's error file, so the launcher's ChildFailedError report ends with it as its root cause); the others
-    wait for the launcher to stop them once the main process has failed, and print it only if it did not."""
+    """Once per launch: the main process prints it and writes it to torch's error file (the launcher's report then ends
+    with it as its root cause); the others wait to be stopped by the launcher, and speak only if they are not."""
     if not is_main_process():
         time.sleep(OTHER_PROCESSES_WAIT_S)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")

@@ -138,16 +138,14 @@ def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args:
 
 
 def follow_dependent_settings(parser: HfArgumentParser, argv: list[str], recipe: dict) -> dict:
-    """Settings that follow from others, moved when they no longer fit (K_s clipped to the queue; with
-    load_best_model_at_end, the evaluation cadence fitted to the save cadence): only values the command line did
-    not give move, each said in one line; values it gave that conflict are refused, naming the keys to change.
-    Returns the moved values (new parser defaults)."""
+    """The values that follow a changed one and no longer fit it (README, Recipes), as new defaults: only those the
+    command line did not give move, each said in one line; given ones that conflict are refused naming the keys."""
     options = parser._option_string_actions
     given = {options[arg.split("=", 1)[0]].dest for arg in argv if arg.split("=", 1)[0] in options}
     values, changes = vars(parser.parse_known_args(argv)[0]), {}
 
-    def shown(value) -> str:  # as typed on the command line
-        return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+    def shown(value):  # as typed on the command line
+        return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else value
 
     def was(name: str) -> str:
         source = f"--{name}" if name in given else "recipe" if name in recipe else "default"
@@ -182,11 +180,10 @@ def follow_dependent_settings(parser: HfArgumentParser, argv: list[str], recipe:
     return changes
 
 
-# `--help` shows these Trainer options beside MoCoSE's own (ScriptArguments, the method settings, the fields
-# MoCoSETrainingArguments declares); `--help_all` shows all of transformers' too.
+# The Trainer options `--help` shows beside MoCoSE's own (`--help_all`: every option).
 COMMON_TRAINER_OPTIONS = ("output_dir", "max_steps", "gradient_accumulation_steps", "warmup_steps", "lr_scheduler_type",
                           "save_strategy", "load_best_model_at_end", "seed", "bf16", "use_cpu", "report_to",
-                          "resume_from_checkpoint", "push_to_hub", "hub_model_id", "dataloader_num_workers",
+                          "push_to_hub", "resume_from_checkpoint", "hub_model_id", "dataloader_num_workers",
                           "disable_tqdm")
 
 
@@ -211,8 +208,7 @@ def shorten_help(parser: HfArgumentParser) -> None:
     parser._action_groups[1]._group_actions[:] = parser._actions[:1]
     parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, max_help_position=38)
     parser.epilog = (f"MoCoSE's options and the common Trainer options; --help_all lists all {len(parser._actions) - 1}"
-                     " (transformers' TrainingArguments too). A YAML recipe given first sets defaults; flags "
-                     "override it.")
+                     " (transformers' TrainingArguments too). A recipe given first sets defaults; flags override it.")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:

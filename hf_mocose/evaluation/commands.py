@@ -163,9 +163,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if "interrupted" not in results:
             print(f"\nWrote {args.output}", file=sys.stderr)
     if "interrupted" in results:
-        print(f"Interrupted (Ctrl-C): {len(tasks) - len(results['interrupted'])} task(s) finished"
-              f"{' and written to ' + args.output if args.output else ''}; not run: {' '.join(results['interrupted'])} "
-              f"(--tasks {' '.join(results['interrupted'])} runs them).", file=sys.stderr)
+        left, written = " ".join(results["interrupted"]), f" and written to {args.output}" if args.output else ""
+        print(f"Interrupted (Ctrl-C): {len(tasks) - len(results['interrupted'])} task(s) finished{written}; not run: "
+              f"{left} (--tasks {left} runs them).", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     return 0
 

@@ -289,11 +289,11 @@ def prepare_resume(value, args, model) -> str | None:
     if resume is not None:
         saved = json.loads((Path(resume) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("train_batch_size")
         if saved and saved != args.train_batch_size and not args.auto_find_batch_size and args.should_log:
-            logger.warning("Resuming %s, trained at per_device_train_batch_size %s, with per_device_train_batch_size "
-                           "%s: not an exact resume (the steps per epoch, the data skipped to reach the checkpoint's "
-                           "step and the schedules follow the new size); trainer_state.json and the model card record "
-                           "%s from here on.", resume, saved // max(1, args.n_gpu), args.per_device_train_batch_size,
-                           args.per_device_train_batch_size)
+            size = args.per_device_train_batch_size
+            logger.warning("Resuming %s, trained at per_device_train_batch_size %s, with per_device_train_batch_size"
+                           " %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's step and "
+                           "the schedules follow the new size); trainer_state.json and the model card record %s from "
+                           "here on.", resume, saved // max(1, args.n_gpu), size, size)
         changed = check_resume_compatible(resume, model)
         if changed:
             logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
@@ -304,8 +304,7 @@ def prepare_resume(value, args, model) -> str | None:
 
 
 class RecordTrainBatchSize(TrainerCallback):
-    """A resumed `TrainerState` keeps the checkpoint's `train_batch_size`: this run's goes in its place, so that
-    trainer_state.json says what trained since (as the card does); `auto_find_batch_size` keeps the Trainer's."""
+    """A resumed state keeps the checkpoint's `train_batch_size`; this run's replaces it (not auto_find's)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not args.auto_find_batch_size:
