@@ -206,3 +206,31 @@ def test_minilm_stsb_dev(minilm, tmp_path):
     results = run_evaluate(minilm, SENTEVAL_DIR, tmp_path / "m.json", "--tasks", "stsb_dev", "--batch_size", "64")
     assert results["stsb_dev"]["n"] == 1500
     assert results["stsb_dev"]["spearman"] > 80
+
+
+def test_ctrl_c_writes_the_finished_tasks_and_names_the_rest(tiny_encoder, senteval_fixture, tmp_path, capsys,
+                                                             monkeypatch):
+    """A KeyboardInterrupt in the second task: the first is written, one line names the others, exit 130."""
+    from hf_mocose.evaluation import runner
+
+    calls = []
+
+    def interrupted_after_one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return evaluate_sts_task(*args, **kwargs)
+
+    evaluate_sts_task = runner.evaluate_sts_task
+    monkeypatch.setattr(runner, "evaluate_sts_task", interrupted_after_one)
+    out = tmp_path / "results.json"
+    rc = main(["evaluate", tiny_encoder, "--senteval_dir", str(senteval_fixture), "--tasks", "all", "--output",
+               str(out), "--no_progress", "--device", "cpu", "--batch_size", "4"])
+    err = capsys.readouterr().err
+    assert rc == 130 and "Traceback" not in err
+    results = json.loads(out.read_text())
+    assert "sts12" in results and "stsb" not in results and results["avg_over"] == ["sts12"]
+    assert results["interrupted"][0] == "stsb" and "mr" not in results["interrupted"]  # transfer files: none here
+    assert err.strip().splitlines()[-1] == (
+        f"Interrupted (Ctrl-C): 1 task(s) finished and written to {out}; not run: {' '.join(results['interrupted'])} "
+        f"(--tasks {' '.join(results['interrupted'])} runs them).")

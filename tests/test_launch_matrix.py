@@ -6,7 +6,7 @@ Rows: the top-level recipes of training_args/, and every run of every ablation s
 (its flags built by `hf_mocose.commands.sweep`, as `scripts/sweep.py` launches them). Columns: default (one
 process: the quickstart's launcher; top-level recipes), ddp, fsdp2, zero2, zero3 as shipped (an ablation sweep's runs under DDP and FSDP2, its first run under DeepSpeed: `recipe_rows`). Each cell either trains two optimizer steps (evaluated, checkpointed and exported at step 2, on
 the engine it names: the checkpoint's layout tells DDP, FSDP2 and DeepSpeed apart) or is refused before any work
-with one `train.py: error:` line per process naming the setting and what to use instead. No process may print a
+with one `train.py: error:` line (rank 0's) naming the setting and what to use instead. No process may print a
 traceback (the launcher itself then reports the failed processes in its own words).
 
 Only what needs no Hub and no wiki1m is overridden (`COMMON`): a tiny random BERT for the model, Python's own docs
@@ -147,10 +147,10 @@ def test_every_recipe_trains_or_is_refused_in_one_line(name, base, overrides, en
         assert_trained(out, engine)
         return
     assert proc.returncode != 0
-    for rank, text in logs.items():
+    for rank, text in logs.items():  # printed once, by rank 0 (the others are stopped by the launcher)
         errors = [line for line in text.splitlines() if line.startswith("train.py: error:")]
-        assert len(errors) == 1, f"rank {rank}:\n{text[-3000:]}"
-        assert re.search(refusal, errors[0]), errors[0]
+        assert len(errors) == (rank == 0), f"rank {rank}:\n{text[-3000:]}"
+        assert not errors or re.search(refusal, errors[0]), errors[0]
     assert not out.exists()  # refused before any work: not even the output folder
 
 

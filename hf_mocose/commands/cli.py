@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -30,6 +32,7 @@ OPENMP_WAIT_POLICY = "PASSIVE"
 
 DEBUG_ENV = "HF_MOCOSE_DEBUG"
 USAGE_EXIT_CODE = 2  # as argparse exits on a bad flag
+OTHER_PROCESSES_WAIT_S = 20  # the launcher stops the other processes within its monitor interval (0.1 s)
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # hf_mocose/, whose raise statements speak to the user
 _ARGUMENT_CHECKS = ("transformers/training_args.py", "transformers/hf_argparser.py")
 
@@ -69,6 +72,11 @@ def is_user_error(err: BaseException) -> bool:
     return ours and (last.line or "").startswith("raise")
 
 
+def is_main_process() -> bool:
+    """Whether this is the process that speaks for a launch (rank 0 of `accelerate launch`/`torchrun`, or alone)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def run_command(prog: str, command: Callable[[], object]) -> int:
     """Runs an entry point and returns its exit status: a settings mistake is one line on stderr (status 2), any
     other error propagates. An int result is the status, any other result means success (0)."""
@@ -79,9 +87,20 @@ def run_command(prog: str, command: Callable[[], object]) -> int:
         if debug or not is_user_error(err):
             raise
         message = " ".join(str(err).split()) or type(err).__name__
-        print(f"{prog}: error: {message} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        report_refusal(f"{prog}: error: {message} ({DEBUG_ENV}=1 shows the traceback)")
         return USAGE_EXIT_CODE
     return result if isinstance(result, int) else 0
+
+
+def report_refusal(line: str) -> None:
+    """Once per launch: the main process prints it and writes it to torch's error file (the launcher's report then ends
+    with it as its root cause); the others wait to be stopped by the launcher, and speak only if they are not."""
+    if not is_main_process():
+        time.sleep(OTHER_PROCESSES_WAIT_S)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
+    print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,18 +8,22 @@ command-line flags override it (as TRL's parser does).
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
-from transformers import AutoTokenizer, HfArgumentParser, set_seed
+from transformers import AutoTokenizer, HfArgumentParser, TrainingArguments, set_seed
 
 from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
 from ..models.encoding import inference_max_seq_length
+from ..models.settings import ARGS_SETTINGS
 from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer
@@ -29,7 +33,7 @@ from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES
                                     resolve_resume_checkpoint)
 from ..training.precision import AUTO, choose_auto_bf16
 from ..training.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
-from .cli import run_command
+from .cli import is_main_process, run_command
 
 logger = logging.getLogger("hf_mocose.train")
 
@@ -66,6 +70,8 @@ class ScriptArguments:
                                   "model_name_or_path when it is a Hub id, sentence-transformers/all-MiniLM-L6-v2 for "
                                   "builtin:all-MiniLM-L6-v2, the id in a Hugging Face cache path; a plain local folder "
                                   "is recorded as such and the card names no base model.")
+    corpus_name: str | None = _arg(None, "How the model card names the training data (default: train_file's file "
+                                   "name, or dataset_name); a card never shows a local folder.")
     final_model_dir: str | None = _arg(None, "Where the final MoCoSE checkpoint goes (default: <output_dir>/final).")
     export_sentence_transformers: bool = _arg(True, "At the end, export the online branch to "
                                               "<output_dir>/sentence-transformers with a model card. push_to_hub "
@@ -131,11 +137,86 @@ def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args:
     return parser.parse_args_into_dataclasses(args=argv)
 
 
+def follow_dependent_settings(parser: HfArgumentParser, argv: list[str], recipe: dict) -> dict:
+    """The values that follow a changed one and no longer fit it (README, Recipes), as new defaults: only those the
+    command line did not give move, each said in one line; given ones that conflict are refused naming the keys."""
+    options = parser._option_string_actions
+    given = {options[arg.split("=", 1)[0]].dest for arg in argv if arg.split("=", 1)[0] in options}
+    values, changes = vars(parser.parse_known_args(argv)[0]), {}
+
+    def shown(value):  # as typed on the command line
+        return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else value
+
+    def was(name: str) -> str:
+        source = f"--{name}" if name in given else "recipe" if name in recipe else "default"
+        return f"{name} {shown(values[name])} ({source})"
+
+    def follow(why: str, *moves: tuple[str, object], also: tuple[str, ...] = ()) -> None:
+        name, value = next(((n, v) for n, v in moves if n not in given), (None, None))
+        if name is None:
+            keys = [n for n, _ in moves] + list(also)
+            raise ValueError(f"{why}: change {' or '.join('--' + key for key in dict.fromkeys(keys))}.")
+        if is_main_process():
+            print(f"{name} {shown(values[name])} -> {shown(value)}: {why}; --{name} decides instead.")
+        values[name] = changes[name] = value
+
+    size, initial = values["queue_size"], values["queue_init_size"]
+    if values["method"] != "simcse" and initial is not None and 1 <= size < initial:
+        follow(f"K_s, {was('queue_init_size')}, is more than {was('queue_size')}", ("queue_init_size", size),
+               also=("queue_size",))
+    if values["load_best_model_at_end"] and values["save_strategy"] != "best":
+        best = ("load_best_model_at_end",)
+        if values["eval_strategy"] == "no":
+            follow(f"{was('load_best_model_at_end')} needs evaluation, and {was('eval_strategy')}",
+                   ("load_best_model_at_end", False), also=("eval_strategy",))
+        elif values["eval_strategy"] != values["save_strategy"]:
+            follow(f"{was('load_best_model_at_end')} needs {was('eval_strategy')} to match {was('save_strategy')}",
+                   ("eval_strategy", values["save_strategy"]), ("save_strategy", values["eval_strategy"]), also=best)
+        save, every = values["save_steps"], values["eval_steps"]
+        if (values["load_best_model_at_end"] and values["eval_strategy"] == "steps" and every and every >= 1
+                and save >= 1 and save % every):
+            follow(f"{was('load_best_model_at_end')} needs {was('save_steps')} to be a multiple of {was('eval_steps')}",
+                   ("eval_steps", save), ("save_steps", math.ceil(save / every) * every), also=best)
+    return changes
+
+
+# The Trainer options `--help` shows beside MoCoSE's own (`--help_all`: every option).
+COMMON_TRAINER_OPTIONS = ("output_dir", "max_steps", "gradient_accumulation_steps", "warmup_steps", "lr_scheduler_type",
+                          "save_strategy", "load_best_model_at_end", "seed", "bf16", "use_cpu", "report_to",
+                          "push_to_hub", "resume_from_checkpoint", "hub_model_id", "dataloader_num_workers",
+                          "disable_tqdm")
+
+
+def shorten_help(parser: HfArgumentParser) -> None:
+    """`--help`: MoCoSE's options, then `COMMON_TRAINER_OPTIONS`, one group each; the others hidden (`--help_all`)."""
+    script, trainer = {f.name for f in fields(ScriptArguments)}, {f.name for f in fields(TrainingArguments)}
+    ours = {s.name for s in ARGS_SETTINGS} | set(vars(MoCoSETrainingArguments).get("__annotations__", {}))
+    groups = {"MoCoSE: model and data": script, "MoCoSE: method, queue, EMA, FGSM, evaluation": ours - trainer,
+              "Common Trainer options (all of them: --help_all)": (ours & trainer) | set(COMMON_TRAINER_OPTIONS)}
+    options = parser._action_groups[1]._group_actions  # argparse's "options" group
+    for title, names in groups.items():
+        moved = [action for action in options if action.dest in names and not action.option_strings[0][2:5] == "no_"]
+        parser.add_argument_group(title)._group_actions.extend(moved)
+    listed = [action for group in parser._action_groups[2:] for action in group._group_actions]
+    for action in parser._actions[1:]:  # after -h: the first sentence of each help, the default if there is one
+        first = re.split(r"(?<=\.)\s+(?=[A-Z])", action.help or "")[0]
+        action.help = f"{first} (default: {action.default})" if action.default is not None else first
+        action.help = action.help.replace("%", "%%") if action in listed else argparse.SUPPRESS
+        action.option_strings = action.option_strings[:1]  # not the --dashed-alias (it still parses)
+        action.metavar = action.metavar or (None if len(action.choices or ()) in range(1, 6) or action.nargs == "?"
+                                            else "VALUE")
+    parser._action_groups[1]._group_actions[:] = parser._actions[:1]
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, max_help_position=38)
+    parser.epilog = (f"MoCoSE's options and the common Trainer options; --help_all lists all {len(parser._actions) - 1}"
+                     " (transformers' TrainingArguments too). A recipe given first sets defaults; flags override it.")
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETrainingArguments]:
     """Parses `[recipe.yaml] [--field value ...]` into the two argument dataclasses (`bf16: auto`: see
     `_resolve_auto_bf16`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments))
+    parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments),
+                              usage="%(prog)s [RECIPE.yaml] [--field value ...] [--help | --help_all]")
     accept_null_for_optional_numbers(parser, (ScriptArguments, MoCoSETrainingArguments))
     recipe: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
@@ -153,6 +234,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
             if action.dest in recipe:
                 action.required = False
         parser.set_defaults(**recipe)
+    if "--help_all" in argv:
+        argv = ["--help"]
+    elif "-h" in argv or "--help" in argv:
+        shorten_help(parser)  # with the recipe's defaults
+    parser.set_defaults(**follow_dependent_settings(parser, argv, recipe))
     script_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if auto_bf16:
         script_args, training_args = _resolve_auto_bf16(parser, argv, training_args) or (script_args, training_args)
@@ -260,7 +346,8 @@ def main(argv: list[str] | None = None) -> str:
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     if trainer.is_world_process_zero():
         remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
-    card = dict(corpus=script_args.train_file or script_args.dataset_name,
+    # The card names a train_file by its file name (publishing.model_card.public_name), never its folder.
+    card = dict(corpus=script_args.corpus_name or script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),
                 max_seq_length=script_args.export_max_seq_length)
     if args.push_to_hub:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from hf_mocose.models.pooling import SENTENCE_POOLING_MODES
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, multi_pooler: bool = False) -> None:
     parser.add_argument(
@@ -128,9 +130,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.tasks is None:
         print("Transfer tasks (mr cr subj mpqa sst2 trec mrpc) run only when asked: --tasks transfer (or all).",
               file=sys.stderr)
-    encoder = load_encoder(
-        args.model, args.pooler, args.device, args.batch_size, args.max_length, show_progress=not args.no_progress
-    )
+    try:
+        encoder = load_encoder(args.model, args.pooler, args.device, args.batch_size, args.max_length,
+                               show_progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("Interrupted (Ctrl-C) while loading the model: no task ran.", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     label = args.label or Path(args.model).name
     start = time.perf_counter()
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731 - keep stdout for the table
@@ -155,7 +160,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "total_seconds": round(total, 2),
         }
         _write_json(args.output, results)
-        print(f"\nWrote {args.output}", file=sys.stderr)
+        if "interrupted" not in results:
+            print(f"\nWrote {args.output}", file=sys.stderr)
+    if "interrupted" in results:
+        left, written = " ".join(results["interrupted"]), f" and written to {args.output}" if args.output else ""
+        print(f"Interrupted (Ctrl-C): {len(tasks) - len(results['interrupted'])} task(s) finished{written}; not run: "
+              f"{left} (--tasks {left} runs them).", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     return 0
 
 

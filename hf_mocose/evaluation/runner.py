@@ -113,17 +113,22 @@ def run_tasks(
     log=print,
 ) -> dict:
     """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`: one result per task,
-    ``avg``/``avg_over`` (STS tests), ``transfer_avg``/``transfer_avg_over`` and ``seconds`` per task."""
+    ``avg``/``avg_over`` (STS tests), ``transfer_avg``/``transfer_avg_over`` and ``seconds`` per task. A Ctrl-C
+    ends the run early with the tasks that finished, ``interrupted`` naming the others."""
     results: dict = {}
     seconds: dict[str, float] = {}
-    for task in tasks:
+    for index, task in enumerate(tasks):
         start = time.perf_counter()
-        if task in STS_TASKS:
-            results[task] = evaluate_sts_task(encoder.encode, load_sts_task(senteval_dir, task), aggregation)
-            summary = f"spearman {results[task]['spearman']:.2f}  pearson {results[task]['pearson']:.2f}"
-        else:
-            results[task] = evaluate_transfer_task(encoder.encode, senteval_dir, task, seed, kfold, inner_folds)
-            summary = f"accuracy {results[task]['accuracy']:.2f}"
+        try:
+            if task in STS_TASKS:
+                results[task] = evaluate_sts_task(encoder.encode, load_sts_task(senteval_dir, task), aggregation)
+                summary = f"spearman {results[task]['spearman']:.2f}  pearson {results[task]['pearson']:.2f}"
+            else:
+                results[task] = evaluate_transfer_task(encoder.encode, senteval_dir, task, seed, kfold, inner_folds)
+                summary = f"accuracy {results[task]['accuracy']:.2f}"
+        except KeyboardInterrupt:
+            results["interrupted"] = tasks[index:]
+            break
         seconds[task] = round(time.perf_counter() - start, 2)
         if log:
             log(f"{DISPLAY_NAMES[task]:>12}: {summary}  (n={results[task]['n']}, {seconds[task]:.1f}s)")

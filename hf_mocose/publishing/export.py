@@ -25,8 +25,8 @@ from torch import nn
 from ..models.encoding import encode_with_model, inference_max_seq_length
 from .model_card import (
     CITATIONS, STS_TEST_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, MoCoSEModelCardData, _read_json,
-    as_list, find_template, load_card_facts, mocose_eval_results, read_eval_results, training_data_tables,
-    training_details,
+    as_list, find_template, load_card_facts, mocose_eval_results, public_name, read_eval_results,
+    training_data_tables, training_details,
 )
 
 logger = logging.getLogger(__name__)
@@ -294,7 +294,8 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
         has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
         modules=[type(module).__name__ for module in st_model], details=details, results=results,
         sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TEST_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_card or ""), corpus=corpus or (", ".join(datasets) if datasets else None),
+        paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
+        corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
         dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
         training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
     )

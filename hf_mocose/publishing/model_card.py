@@ -132,6 +132,14 @@ def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
             "pickle_only": not record and _find_in_run(checkpoint, "training_args.bin") is not None}
 
 
+def public_name(value: Any) -> Any:
+    """A local path (absolute, relative or existing here) as its file name: a card never shows a machine's folders."""
+    if isinstance(value, str) and "/" in value.replace(os.sep, "/") and (
+            os.path.isabs(value) or value.startswith((".", "~")) or os.path.exists(value)):
+        return Path(value).name
+    return value
+
+
 def training_details(config: dict[str, Any], facts: dict[str, Any], training_args: Any | None = None) -> dict:
     """The template's `details`: the run's `facts` with the checkpoint `config`'s, the hyper-parameter rows, the
     global batch size B (per device x accumulation x processes; one process assumed when unrecorded) and d_trace."""
@@ -151,7 +159,8 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
     hours, minutes = divmod(minutes, 60)
     return {
         **state_facts({}), **facts, "method": method, "model_rows": model_rows(config),
-        "train_rows": training_rows(recorded), "all_arguments": dict(sorted((recorded.get("arguments") or {}).items())),
+        "train_rows": training_rows(recorded),
+        "all_arguments": {k: public_name(v) for k, v in sorted((recorded.get("arguments") or {}).items())},
         "global_batch_size": batch, "batch_assumed": batch_assumed,
         "d_trace": None if d_trace is None else ("∞ (η_end = 1)" if math.isinf(d_trace) else f"{d_trace:.2f}"),
         "train_runtime": None if runtime is None else (f"{hours}h {minutes:02d}m {seconds:02d}s" if hours

@@ -31,7 +31,7 @@ from ..models.modeling import MoCoSEModel
 from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.model_card import save_card_facts
-from ..training.checkpoints import prepare_resume
+from ..training.checkpoints import RecordTrainBatchSize, prepare_resume
 from ..training.sharding import configure_sharding
 from .inputs import check_target_mtd, prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
@@ -120,6 +120,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
                                               keys_per_enqueue=lambda: self.keys_per_enqueue)
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
+        self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one
         self.ema_callback = None
         if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)

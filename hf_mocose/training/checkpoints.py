@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
+from transformers import TrainerCallback
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -259,6 +260,13 @@ def prepare_resume(value, args, model) -> str | None:
     checkpoint folders this run will write again."""
     resume = resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
     if resume is not None:
+        saved = json.loads((Path(resume) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("train_batch_size")
+        if saved and saved != args.train_batch_size and not args.auto_find_batch_size and args.should_log:
+            size = args.per_device_train_batch_size
+            logger.warning("Resuming %s, trained at per_device_train_batch_size %s, with per_device_train_batch_size"
+                           " %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's step and "
+                           "the schedules follow the new size); trainer_state.json and the model card record %s from "
+                           "here on.", resume, saved // max(1, args.n_gpu), size, size)
         changed = check_resume_compatible(resume, model)
         if changed:
             logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
@@ -266,6 +274,14 @@ def prepare_resume(value, args, model) -> str | None:
     if args.should_save:
         remove_interrupted_checkpoints(args.output_dir, after_step=resumed_step(resume))
     return resume
+
+
+class RecordTrainBatchSize(TrainerCallback):
+    """A resumed state keeps the checkpoint's `train_batch_size`; this run's replaces it (not auto_find's)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not args.auto_find_batch_size:
+            state.train_batch_size = args.train_batch_size
 
 
 def _flat_config(config: dict, prefix: str = "") -> dict:
