@@ -68,7 +68,8 @@ def throughput_table(rows: list[dict]) -> list[str]:
         status = r.get("status", "-")
         note = status if status == "ok" else f"{status}: {r.get('reason') or r.get('error', '')}"
         ema = "-" if r.get("ema_ms") is None else f"{_number(r['ema_ms'], 2)} ({100 * r['ema_share']:.1f} %)"
-        lines.append(f"| {r['variant']} | {r['precision']} | {r['batch_size']} | {'yes' if r.get('compiled') else 'no'} "
+        compiled = "yes" if r.get("compiled") else "no"
+        lines.append(f"| {r['variant']} | {r['precision']} | {r['batch_size']} | {compiled} "
                      f"| {_number(r.get('ms_per_step'), 2)} | {_number(r.get('sentences_per_second'))} | {ratio} | "
                      f"{_number(r.get('model_tflop_per_s'))} | {ema} | {_number(r.get('peak_memory_mib'))} | "
                      f"{_number(r.get('peak_memory_reserved_mib'))} | {_cell(note[:200])} |")

@@ -222,7 +222,8 @@ def finish(results: dict, final: bool = False) -> None:
     results["failures"] = ([f"check {c}" for c in CHECKS if not checks.get(c, {}).get("passed")]
                            + [f"section {n}" for n, s in sections.items() if s["status"] == "failed"]
                            + [f"throughput {r['variant']} {r['precision']} batch {r['batch_size']}"
-                              f"{' compiled' if r.get('compiled') else ''}" for r in rows if r.get("status") == "failed"]
+                              f"{' compiled' if r.get('compiled') else ''}"
+                              for r in rows if r.get("status") == "failed"]
                            + (["fatal: " + results["fatal"]["error"]] if "fatal" in results else []))
     preflight_failed = results.get("preflight", {}).get("status") == "failed"
     results["exit_status"] = PREFLIGHT_EXIT if preflight_failed else (1 if results["failures"] else 0)

@@ -9,10 +9,12 @@ loop as `scripts.benchmarks.train_variants` builds it (the variants of scripts/b
   st_mnrl          `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs
 
 Precision "bf16" is `bf16=True` in the training arguments (accelerate's autocast; the weights, the EMA target
-and the optimizer state stay fp32). `compiled` rows are `torch_compile=True` (inductor on CUDA, `aot_eager` on the
-CPU), after `compiled_warmup_steps` untimed steps (MoCoSE "previous" compiles twice: its first step has no
-perturbation). A step is timed from `on_step_begin` to `on_step_end` with a device synchronisation at both ends
-(`scripts.benchmarks.turn_taking.StepTimer`); the figure is the median over the steps after the warm-up.
+and the optimizer state stay fp32). `compiled` rows are `torch_compile=True` (inductor on CUDA; on the CPU the
+"eager" backend, dynamo's capture alone: the compile check already runs `aot_eager` there, and a CPU row's time
+means nothing worth AOTAutograd's half minute), after `compiled_warmup_steps` untimed steps (MoCoSE "previous"
+compiles twice: its first step has no perturbation). A step is timed from `on_step_begin` to `on_step_end` with a
+device synchronisation at both ends (`scripts.benchmarks.turn_taking.StepTimer`); the figure is the median over the
+steps after the warm-up.
 
 Per row: `peak_memory_mib` (`torch.cuda.max_memory_allocated`) and `peak_memory_reserved_mib`
 (`max_memory_reserved`: what the caching allocator took from the GPU), both over the whole run and reset before it
@@ -109,7 +111,7 @@ def measure(ctx, variant: str, precision: str, batch_size: int, compiled: bool =
     overrides = {}
     if compiled:
         torch._dynamo.reset()  # fresh caches: no earlier run's graphs, no recompilation limit reached
-        overrides = dict(torch_compile=True, torch_compile_backend="inductor" if ctx.cuda else "aot_eager")
+        overrides = dict(torch_compile=True, torch_compile_backend="inductor" if ctx.cuda else "eager")
     trainer, ema = ctx.trainer(variant, cfg, sentences, f"tp-{variant}", **overrides)
     ema_timer = EMATimer(ema, torch.device(ctx.device)) if ema is not None else None
     timer = StepTimer(variant, device=torch.device(ctx.device))  # no baton: one runner, no turns to take
@@ -135,8 +137,8 @@ def measure(ctx, variant: str, precision: str, batch_size: int, compiled: bool =
     if ema_timer is not None:
         ema_s = ema_timer.seconds()[cfg.warmup:]
         if ema_s:
-            row["ema_ms"] = round(1000 * statistics.median(ema_s), 3)
-            row["ema_share"] = round(statistics.median(ema_s) / median, 4)
+            row["ema_ms"] = float(f"{1000 * statistics.median(ema_s):.4g}")
+            row["ema_share"] = float(f"{statistics.median(ema_s) / median:.4g}")  # 4 significant digits
     if ctx.cuda:
         row["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
         row["peak_memory_reserved_mib"] = round(torch.cuda.max_memory_reserved(ctx.device) / 2**20, 1)
@@ -159,7 +161,8 @@ def estimate_s(took: dict, compiled: bool, variant: str, compile_s: float | None
     return mocose * (0.5 if variant != "mocose_previous" else 1.0)
 
 
-def run_throughput(ctx, until: float, rows: list, on_row=None, variants=VARIANTS, compile_s: float | None = None) -> None:
+def run_throughput(ctx, until: float, rows: list, on_row=None, variants=VARIANTS,
+                   compile_s: float | None = None) -> None:
     """Appends one row per planned run to `rows` (calling `on_row()` after each), measured while there is time
     before `until` (a `time.monotonic()` value): a run is started only when its estimate (`estimate_s`, with a
     20 % margin) still ends in time; the others get a row with `status: skipped` and the reason. A run that

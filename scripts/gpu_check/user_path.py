@@ -85,7 +85,8 @@ def run_quickstart(argv: list[str], output_dir: Path, timeout: float, env: dict 
     return {"spearman": round(metrics["eval_stsb_spearman"], 3), "pearson": round(metrics["eval_stsb_pearson"], 3),
             "steps": state["global_step"], "wall_s": round(wall, 1), "evaluations": evals,
             "precision": next((line.strip() for line in text.splitlines() if line.startswith("bf16:")), None),
-            "command": " ".join(["accelerate launch", *argv[3:]]).replace(f"{REPO}/", "")}  # carried paths as in the doc
+            # the carried paths relative to the repository, as the doc writes them
+            "command": " ".join(["accelerate launch", *argv[3:]]).replace(f"{REPO}/", "")}
 
 
 def inputs_checksums(model: str, train_file: str, sts_file: str) -> dict:
@@ -147,9 +148,10 @@ def check_user_path(ctx, carry: Path, seconds: float) -> dict:
         extra = (*extra, "--use_cpu", "true")
     inputs = inputs_checksums(model, train_file, sts_file)
     out = ctx.workdir / "quickstart-device"
-    ctx.log("user path: accelerate launch " + " ".join(quickstart_argv(model, train_file, sts_file, str(out), extra)[3:]))
-    device_run = {**run_quickstart(quickstart_argv(model, train_file, sts_file, str(out), extra), out,
-                                   deadline - time.monotonic(), env), "inputs": inputs, "device": ctx.device}
+    argv = quickstart_argv(model, train_file, sts_file, str(out), extra)
+    ctx.log("user path: accelerate launch " + " ".join(argv[3:]))
+    device_run = {**run_quickstart(argv, out, deadline - time.monotonic(), env), "inputs": inputs,
+                  "device": ctx.device}
     ctx.log(f"user path: STS-B dev Spearman {device_run['spearman']} after {device_run['steps']} steps, "
             f"{device_run['wall_s']} s")
     if ctx.tiny and on_cpu:
