@@ -98,13 +98,22 @@ def device_facts(device: str) -> dict:
     return facts
 
 
+THROUGHPUT_VARIANTS = ("plain", "simcse", "mocose_previous", "st_mnrl")  # throughput.py's; here without torch
+
+
+class SectionTimeout(BaseException):
+    """A section ran past its time (BaseException: no `except Exception` inside a section swallows it)."""
+
+
 @dataclass
 class Sizes:
     """How big each part of the run is: full size on a GPU, or `tiny()` for the CPU."""
 
     max_seq_length: int = 32
-    batch_sizes: tuple[int, ...] = (64, 256)
+    batch_sizes: tuple[int, ...] = (64, 256)  # (small, main): the main one is the performance goal's
+    large_batch: int = 512  # plain and MoCoSE in bf16, when time allows
     warmup_steps: int = 3  # untimed steps of each throughput run (CUDA context, cuBLAS handles, allocator)
+    compiled_warmup_steps: int = 3  # compiled rows: MoCoSE "previous" compiles at steps 1 and 2
     timed_steps: int = 10
     queue_size: int = 512  # the throughput runs' K, as scripts/benchmarks/benchmark_train.py
     check_batch: int = 64  # the EMA/queue check, with a queue that wraps around within its steps

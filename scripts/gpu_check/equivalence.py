@@ -1,7 +1,7 @@
-"""The gpu_check's equivalence checks: the same MoCoSE run sharded by FSDP2 (c) and compiled (d) against
-the plain eager run.
+"""The gpu_check's equivalence checks: the same MoCoSE run on the CPU (f), sharded by FSDP2 (c) and compiled (d)
+against the plain eager run on the device.
 
-All three runs are `MoCoSETrainer` (method "mocose", fgsm_mode "previous") on the same sentences, built by
+All four runs are `MoCoSETrainer` (method "mocose", fgsm_mode "previous") on the same sentences, built by
 `scripts.benchmarks.train_variants.build_trainer` with the same seed, in fp32 without dropout (encoder and heads),
 optimizer SGD, so that they are deterministic and an update is proportional to its gradient. Each records the loss of every
 step (the value `compute_loss` returned, unrounded) and the whole model state before and after training
@@ -12,7 +12,9 @@ every run (TF32 off: accelerate switches it on for compiled fp32 runs on CUDA).
 Trainer's FSDP2 settings (`fsdp_config={"version": 2, ...}`: accelerate's `fully_shard`, one unit per
 `BertLayer`); on the CPU the child first applies tests/fsdp_worker.py's shim (accelerate attaches its FSDP plugin
 only on accelerator devices). (d) is `torch_compile=True` (inductor on CUDA; on the CPU `aot_eager`, dynamo and
-AOTAutograd without inductor's code generation, which takes minutes on 2 cores) in this process.
+AOTAutograd without inductor's code generation, which takes minutes on 2 cores) in this process. (f) runs in this
+process too, with `use_cpu=True` (transformers resets accelerate's process-wide state for each `TrainingArguments`):
+its losses and final key queue against the device's (`GPU_CPU_LOSS_RTOL`, `GPU_CPU_QUEUE_RTOL`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ DETERMINISTIC = dict(encoder_dropout=0.0, head_dropout=0.0, optim="sgd")
 FSDP2 = dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["BertLayer"]})
 LOSS_RTOL = 1e-4  # per step, relative
 STATE_RTOL = 1e-3  # norm(state - reference state) / norm(reference state - initial state): the updates agree to 0.1 %
+# GPU against CPU, both fp32 with TF32 off: only the kernels' order of summation differs (cuBLAS against oneDNN/MKL,
+# and CUDA's atomic adds in the embedding gradient). Each fp32 sum is then off by ~1e-7 to 1e-6 relative; three SGD
+# steps carry that into the losses at ~1e-6 (measured on the CPU between one and two threads, which also reorders the
+# sums: see docs/performance.md, section 3). 1e-4 leaves two orders of magnitude for the GPU's longer sums.
+GPU_CPU_LOSS_RTOL = 1e-4  # per step, relative
+GPU_CPU_QUEUE_RTOL = 1e-4  # norm(device queue - CPU queue) / norm(CPU queue): unit-length keys, fp32
 
 
 def full_state(model) -> dict:
@@ -76,7 +84,8 @@ def recorded_run(ctx, name: str, **overrides) -> dict:
     flags = fp32_matmuls(ctx)
     trainer.train()
     params = list(trainer.model.parameters())
-    how = {"fsdp": bool(trainer.is_fsdp_enabled), "compiled": is_compiled_module(trainer.model_wrapped),
+    how = {"device": str(params[0].device), "fsdp": bool(trainer.is_fsdp_enabled),
+           "compiled": is_compiled_module(trainer.model_wrapped),
            "sharded_parameters": sum(is_sharded(p) for p in params), "parameters": len(params),
            "world_size": trainer.args.world_size, **flags}
     result = {"losses": losses, "initial": initial, "final": full_state(trainer.model), "how": how}
@@ -124,6 +133,37 @@ def check_compile(ctx, reference: dict) -> dict:
     return {"torch_compile": compare(
         reference, compiled, f"torch_compile=True (backend {backend}) against eager", compiled["how"]["compiled"]
         and captured > 0, backend=backend, graphs_captured=captured, seconds=round(time.monotonic() - start, 1))}
+
+
+def check_gpu_cpu(ctx, reference: dict) -> dict:
+    """The GPU-against-CPU check: the reference run (fp32, no dropout, TF32 off, on the device) again on the CPU of
+    the same machine, in this process; their losses and final key queues compared. On a CPU-only machine both runs
+    are CPU runs (`cpu_against_cpu` says so): the same code, a trivially passing comparison."""
+    import dataclasses
+
+    from scripts.gpu_check.context import check_result
+
+    cpu = recorded_run(dataclasses.replace(ctx, device="cpu"), "cpu-replay")
+    pairs = list(zip(reference["losses"], cpu["losses"]))
+    loss_error = max((abs(a - b) / max(abs(a), 1e-12) for a, b in pairs), default=float("inf"))
+    queue = next(k for k in reference["final"] if k.endswith("queue.keys"))
+    device_queue, cpu_queue = reference["final"][queue].double(), cpu["final"][queue].double()
+    queue_error = ((device_queue - cpu_queue).norm() / cpu_queue.norm().clamp_min(1e-12)).item()
+    keys = [k for k in reference["final"] if k in cpu["final"]]
+    gap = sum(((cpu["final"][k].double() - reference["final"][k].double()) ** 2).sum().item() for k in keys) ** 0.5
+    moved = sum(((reference["final"][k].double() - reference["initial"][k].double()) ** 2).sum().item()
+                for k in keys) ** 0.5
+    devices = (reference["how"]["device"], cpu["how"]["device"])
+    right_devices = devices[1] == "cpu" and devices[0].split(":")[0] == ctx.device.split(":")[0]
+    passed = (right_devices and len(pairs) == len(reference["losses"]) == len(cpu["losses"]) > 0
+              and loss_error <= GPU_CPU_LOSS_RTOL and queue_error <= GPU_CPU_QUEUE_RTOL)
+    return {"gpu_against_cpu": check_result(
+        passed, queue_error, GPU_CPU_QUEUE_RTOL, f"norm(final key queue on {devices[0]} - on cpu) / norm(on cpu) "
+        f"after {len(pairs)} fp32 steps, dropout off, TF32 off; losses too, relative (loss_tolerance)",
+        cpu_against_cpu=devices[0] == "cpu", devices=list(devices), loss_relative_error=loss_error,
+        loss_tolerance=GPU_CPU_LOSS_RTOL, device_losses=reference["losses"], cpu_losses=cpu["losses"],
+        state_relative_error=gap / moved if moved > 0 else None, queue_tensor=queue, run=cpu["how"],
+        device_run=reference["how"])}
 
 
 def _free_port() -> int:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""One-command acceptance run for one GPU: throughput, peak memory and five correctness checks, in ~8 minutes.
+"""One-command acceptance run for one GPU: seven correctness checks, the user's own path, throughput, peak memory and
+the EMA's share of a step, in under 8 minutes.
 
     bash scripts/gpu_check/device.sh                                  # on the device machine: $OUT/gpu_check
     PYTHONUNBUFFERED=1 python scripts/gpu_check/run.py --output_dir DIR   # on a GPU (cuda when available)
@@ -8,8 +9,10 @@
 Needs torch, transformers, accelerate, sentence-transformers, datasets and this repository (on PYTHONPATH or
 installed); nothing from the Hub: the encoder is a randomly initialised BERT-base built from `BertConfig()`
 (`--tiny`: hidden 32, 2 layers) and its WordPiece tokenizer is made from Python's own documentation
-(context.py). Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run
-cut short still leaves what it measured.
+(context.py); the user-path check starts from the carried float16 all-MiniLM-L6-v2 (`scripts/gpu_check/carry.py`).
+Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run cut short still leaves what it measured;
+everything, the imports included, runs inside one guard, so they are written whatever happens. When a package is
+missing it stops before any work with one line that names it (preflight.py).
 
 Sections, in order (each timed, skipped with its reason when the time budget is short, its failure recorded
 without stopping the others):
@@ -17,14 +20,19 @@ without stopping the others):
               steps; (b) the key queue equals a CPU float64 replay of the same steps (mocose_checks.py)
   export      (e) the sentence-transformers export's embeddings equal the checkpoint's `MoCoSEModel.embed`
               on the device (mocose_checks.py)
-  reference   the eager fp32 run that (c) and (d) are compared with (equivalence.py)
+  reference   the eager fp32 run that the next three are compared with (equivalence.py)
+  gpu_cpu     (f) the reference run again on this machine's CPU: losses and final key queue agree
   fsdp2       (c) FSDP2 (`fully_shard`, torch.distributed with one process) equals the unsharded run
+  user_path   (g) the README's quickstart through `accelerate launch` from the carried MiniLM: STS-B dev Spearman
+              and wall time, against the committed CPU run of the same job (user_path.py)
   compile     (d) `torch_compile=True` trains and its losses and state match the eager run
-  throughput  sentences/s and peak GPU memory (`torch.cuda.max_memory_allocated`) of plain fine-tuning,
-              SimCSE mode, MoCoSE and sentence-transformers MNRL, fp32 and bf16, batch 64 and 256, sequence
-              length 32 (throughput.py); last, with the time left: runs that no longer fit are skipped
+  throughput  sentences/s, peak GPU memory (allocated and reserved) and the EMA's share of plain fine-tuning,
+              SimCSE mode, MoCoSE and sentence-transformers MNRL at sequence length 32: bf16 at batch 256 first
+              (eager, then compiled), then batch 512, bf16 at 64, fp32 (throughput.py); last, with the time left:
+              runs that no longer fit are skipped, and marked so
 
-Exit status 0 when every section ran whole and every check passed, else 1.
+Exit status 0 when every check passed and nothing failed (rows and sections skipped for time are not failures),
+3 when a package is missing (nothing ran), else 1.
 """
 
 from __future__ import annotations
@@ -50,8 +58,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars (sentence-transfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 from scripts import REPO  # noqa: E402  (and the offline defaults of every script)
+from scripts.gpu_check.context import THROUGHPUT_VARIANTS, SectionTimeout  # noqa: E402  (no torch: stdlib only)
 
-CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "fsdp2_world1", "torch_compile", "export_embeddings")
+CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "gpu_against_cpu", "fsdp2_world1",
+          "quickstart_user_path", "torch_compile")
+GOAL_SENTENCES_PER_S = 7000  # MoCoSE BERT-base, bf16, length 32, one H100 (docs/performance.md, section 3)
+PREFLIGHT_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -67,15 +79,21 @@ SECTIONS = (
     Section("ema_queue", ("ema_fp32_lerp", "queue_cpu_replay"), (60, 25), (20, 5)),
     Section("export", ("export_embeddings",), (60, 25), (20, 5)),
     Section("reference", (), (40, 15), (15, 3)),
+    Section("gpu_cpu", ("gpu_against_cpu",), (60, 15), (20, 3), needs_reference=True),
     Section("fsdp2", ("fsdp2_world1",), (90, 45), (40, 15), needs_reference=True),
+    Section("user_path", ("quickstart_user_path",), (120, 60), (60, 20)),
     # inductor compiles MoCoSE's step twice: FGSM "previous" has no perturbation at the first step, then has one
     Section("compile", ("torch_compile",), (240, 30), (90, 10), needs_reference=True),
     Section("throughput", (), (0, 0), (30, 10)),  # last: whatever time is left, row by row
 )
 
 
-class SectionTimeout(BaseException):
-    """A section ran past its time (BaseException: no `except Exception` inside a section swallows it)."""
+class Terminated(BaseException):
+    """SIGTERM (`timeout` stops the run with it): raised so that the guard still writes the report."""
+
+
+def on_sigterm(signum, frame):
+    raise Terminated("SIGTERM: stopped from outside (device.sh's timeout?)")
 
 
 @contextmanager
@@ -104,10 +122,11 @@ def section_limit(index: int, ctx, tiny: bool) -> tuple[float, float]:
     return limit, section.min_s[which]
 
 
-def write_report(results: dict, output_dir: Path) -> None:
+def write_report(results: dict, output_dir: Path, final: bool = False) -> None:
     """gpu_check.json and gpu_check.md, each replaced whole (a reader never sees half a file)."""
     from scripts.gpu_check.report import markdown
 
+    finish(results, final)
     for name, text in (("gpu_check.json", json.dumps(results, indent=1, default=str)),
                        ("gpu_check.md", markdown(results))):
         partial = output_dir / f".{name}.partial"
@@ -117,9 +136,10 @@ def write_report(results: dict, output_dir: Path) -> None:
 
 def run_section(section: Section, ctx, results: dict, state: dict, seconds: float) -> None:
     """Runs one section under its time limit and records its outcome in `results`."""
-    from scripts.gpu_check.equivalence import check_compile, check_fsdp, recorded_run
+    from scripts.gpu_check.equivalence import check_compile, check_fsdp, check_gpu_cpu, recorded_run
     from scripts.gpu_check.mocose_checks import check_ema_and_queue, check_export
     from scripts.gpu_check.throughput import run_throughput
+    from scripts.gpu_check.user_path import check_user_path
 
     name = section.name
     if name == "ema_queue":
@@ -129,18 +149,27 @@ def run_section(section: Section, ctx, results: dict, state: dict, seconds: floa
     elif name == "reference":
         state["reference"] = recorded_run(ctx, "reference")
         results["reference_losses"] = state["reference"]["losses"]
+    elif name == "gpu_cpu":
+        results["checks"].update(check_gpu_cpu(ctx, state["reference"]))
     elif name == "fsdp2":
         results["checks"].update(check_fsdp(ctx, state["reference"], Path(__file__).resolve(), seconds - 5))
-    elif name == "throughput":
-        run_throughput(ctx, time.monotonic() + seconds - 1, results["throughput"],
-                       on_row=lambda: write_report(results, state["output_dir"]), variants=state["variants"])
+    elif name == "user_path":
+        try:
+            results["checks"].update(check_user_path(ctx, state["carry_dir"], seconds - 2))
+        finally:  # its log comes back with the report (the device returns what is under $OUT)
+            log = ctx.workdir / "quickstart-device.log"
+            if log.is_file():
+                shutil.copyfile(log, state["output_dir"] / "quickstart.log")
     elif name == "compile":
         results["checks"].update(check_compile(ctx, state["reference"]))
+        state["compile_s"] = results["checks"]["torch_compile"]["detail"]["seconds"]
+    elif name == "throughput":
+        run_throughput(ctx, time.monotonic() + seconds - 1, results["throughput"],
+                       on_row=lambda: write_report(results, state["output_dir"]), variants=state["variants"],
+                       compile_s=state.get("compile_s"))
 
 
-def run_all(ctx, args, results: dict) -> None:
-    output_dir = Path(args.output_dir)
-    state = {"output_dir": output_dir, "variants": args.variants}
+def run_all(ctx, args, results: dict, state: dict) -> None:
     for index, section in enumerate(SECTIONS):
         record = results["sections"][section.name] = {"status": "skipped", "seconds": 0.0}
         limit, minimum = section_limit(index, ctx, args.tiny)
@@ -172,16 +201,39 @@ def run_all(ctx, args, results: dict) -> None:
         for check in section.checks:
             if check not in results["checks"]:
                 why = record.get("error") or record.get("reason") or "the section did not produce it"
-                results["checks"][check] = {"passed": False, "value": None, "tolerance": None,
-                                            "measure": None, "detail": {"not_measured": f"{section.name}: {why}"}}
-        finish(results)
-        write_report(results, output_dir)
+                results["checks"][check] = not_measured(f"{section.name}: {why}")
+        write_report(results, state["output_dir"])
 
 
-def finish(results: dict) -> None:
-    results["all_checks_passed"] = all(results["checks"].get(c, {}).get("passed") for c in CHECKS)
-    results["complete"] = (all(s["status"] == "ok" for s in results["sections"].values())
-                           and all(r.get("status") == "ok" for r in results["throughput"]))
+def not_measured(why: str) -> dict:
+    return {"passed": False, "value": None, "tolerance": None, "measure": None, "detail": {"not_measured": why}}
+
+
+def finish(results: dict, final: bool = False) -> None:
+    """The verdicts: every check passed, nothing failed (skipped for time is not a failure), the exit status;
+    `final`: the run is over, and a check it did not reach is recorded as not measured."""
+    checks, sections, rows = results["checks"], results["sections"], results["throughput"]
+    if final:
+        for check in CHECKS:
+            checks.setdefault(check, not_measured(results.get("fatal", {}).get("error") or "the run ended before it"))
+    results["all_checks_passed"] = all(checks.get(c, {}).get("passed") for c in CHECKS)
+    results["complete"] = (all(s["status"] == "ok" for s in sections.values())
+                           and all(r.get("status") == "ok" for r in rows))
+    results["failures"] = ([f"check {c}" for c in CHECKS if not checks.get(c, {}).get("passed")]
+                           + [f"section {n}" for n, s in sections.items() if s["status"] == "failed"]
+                           + [f"throughput {r['variant']} {r['precision']} batch {r['batch_size']}"
+                              f"{' compiled' if r.get('compiled') else ''}"
+                              for r in rows if r.get("status") == "failed"]
+                           + (["fatal: " + results["fatal"]["error"]] if "fatal" in results else []))
+    preflight_failed = results.get("preflight", {}).get("status") == "failed"
+    results["exit_status"] = PREFLIGHT_EXIT if preflight_failed else (1 if results["failures"] else 0)
+    mocose = [r for r in rows if r.get("status") == "ok" and r["variant"] == "mocose_previous"
+              and r["precision"] == "bf16"]
+    best = max(mocose, key=lambda r: r["sentences_per_second"], default=None)
+    results["goal"] = {"sentences_per_second": GOAL_SENTENCES_PER_S, "what": "MoCoSE (fgsm previous) BERT-base, bf16, "
+                       "length 32, one H100", "applies": not results["meta"]["tiny"],
+                       "best": best and {k: best[k] for k in ("sentences_per_second", "batch_size", "compiled")},
+                       "met": bool(best and best["sentences_per_second"] >= GOAL_SENTENCES_PER_S)}
     results["meta"]["elapsed_s"] = round(time.monotonic() - STARTED, 1)
 
 
@@ -189,15 +241,17 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", help="where gpu_check.json and gpu_check.md are written (required)")
     parser.add_argument("--tiny", action="store_true", help="tiny BERT (hidden 32, 2 layers), short runs; device cpu "
-                        "unless --device says otherwise; under 2 minutes on a 2-core CPU")
+                        "unless --device says otherwise; about 2 minutes on a 2-core CPU")
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available, cpu with "
                         "--tiny)")
     parser.add_argument("--time_budget", type=float, default=None, help="seconds for everything, set-up included "
-                        "(default 465, under 8 minutes; 110 with --tiny); sections that no longer fit are skipped")
+                        "(default 465, under 8 minutes; 150 with --tiny); sections that no longer fit are skipped")
     parser.add_argument("--sections", nargs="+", default=[s.name for s in SECTIONS],
                         choices=[s.name for s in SECTIONS], help="run only these sections")
     parser.add_argument("--variants", nargs="+", default=None, help="throughput variants (default: all of "
                         "throughput.VARIANTS)")
+    parser.add_argument("--carry_dir", default=str(REPO / ".gpu_carry"), help="what scripts/gpu_check/carry.py wrote "
+                        "(the user-path check's model, corpus and STS-B dev; default .gpu_carry)")
     parser.add_argument("--work_dir", default=None, help="for the encoder, checkpoints and exports (default: a "
                         "temporary folder, removed at the end)")
     parser.add_argument("--_fsdp_child", default=None, help=argparse.SUPPRESS)
@@ -215,6 +269,56 @@ def git_commit() -> str | None:
         return None
 
 
+def check_input(args) -> None:
+    """Refuses a bad --device or --variants in one line, before any work or any file (no torch needed)."""
+    device = args.device
+    if device is not None and device != "cpu" and device.split(":")[0] != "cuda":
+        raise SystemExit(f"--device {device!r}: use cuda, cuda:N or cpu.")
+    args.variants = args.variants or list(THROUGHPUT_VARIANTS)
+    unknown = sorted(set(args.variants) - set(THROUGHPUT_VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants {' '.join(unknown)}: not a throughput variant; use some of "
+                         f"{' '.join(THROUGHPUT_VARIANTS)}.")
+
+
+def start(args, results: dict, state: dict):
+    """Everything up to the sections, inside the guard: the packages, the device, the encoder; returns the context
+    (None when a package is missing: the caller stops)."""
+    from scripts.gpu_check.context import versions
+    from scripts.gpu_check.preflight import missing_modules, wheels_status
+
+    missing = missing_modules()
+    results["preflight"] = {"status": "failed" if missing else "ok", "missing": missing, "wheels": wheels_status()}
+    results["meta"]["versions"] = versions()  # again: what the wheels installed is importable now
+    if missing:
+        return None
+    import torch
+
+    from scripts.gpu_check.context import RunContext, Sizes, build_encoder, device_facts, quiet_libraries
+
+    quiet_libraries()
+    device = args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch {torch.__version__} sees no CUDA device; use --device cpu.")
+    sizes = Sizes.tiny() if args.tiny else Sizes()
+    ctx = RunContext(device=device, tiny=args.tiny, model_path=str(state["workdir"] / "encoder"),
+                     workdir=state["workdir"], deadline=STARTED + results["meta"]["time_budget_s"], sizes=sizes,
+                     started=STARTED)
+    results["meta"].update(hardware=device_facts(device), sizes=asdict(sizes))
+    ctx.log(f"device {device} ({results['meta']['hardware'].get('gpu', 'CPU')}), budget "
+            f"{results['meta']['time_budget_s']:.0f} s, torch {torch.__version__}")
+    setup_start = time.monotonic()
+    try:
+        results["meta"]["model"] = build_encoder(Path(ctx.model_path), args.tiny, ctx.seed)
+        results["sections"]["setup"] = {"status": "ok", "seconds": round(time.monotonic() - setup_start, 1)}
+        ctx.log(f"encoder built: {results['meta']['model']}")
+    except Exception as err:  # noqa: BLE001 - recorded: nothing else can run without the encoder
+        results["sections"]["setup"] = {"status": "failed", "seconds": round(time.monotonic() - setup_start, 1),
+                                        "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        args.sections = []
+    return ctx
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.tiny and args.device in (None, "cpu"):
@@ -225,56 +329,47 @@ def main(argv=None) -> int:
         from scripts.gpu_check.equivalence import fsdp_child
 
         return fsdp_child(json.loads(args._fsdp_child))
-    import torch
-    from scripts.gpu_check.context import RunContext, Sizes, build_encoder, device_facts, quiet_libraries, versions
-    from scripts.gpu_check.throughput import VARIANTS
+    check_input(args)
+    from scripts.gpu_check.context import versions
 
-    device = args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {device}: torch {torch.__version__} sees no CUDA device; use --device cpu.")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise SystemExit(f"--device {device!r}: use cuda, cuda:N or cpu.")
-    args.variants = args.variants or list(VARIANTS)
-    unknown = sorted(set(args.variants) - set(VARIANTS))
-    if unknown:
-        raise SystemExit(f"--variants {' '.join(unknown)}: not a throughput variant; use some of {' '.join(VARIANTS)}.")
-    budget = args.time_budget or (110.0 if args.tiny else 465.0)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    quiet_libraries()
-    sizes = Sizes.tiny() if args.tiny else Sizes()
-    ctx = RunContext(device=device, tiny=args.tiny, model_path=str(workdir / "encoder"), workdir=workdir,
-                     deadline=STARTED + budget, sizes=sizes, started=STARTED)
-    results = {"schema_version": 1, "checks": {}, "throughput": [], "sections": {}, "meta": {
+    budget = args.time_budget or (150.0 if args.tiny else 465.0)
+    results = {"schema_version": 2, "checks": {}, "throughput": [], "sections": {}, "meta": {
         "command": "python scripts/gpu_check/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "tiny": args.tiny,
-        "time_budget_s": budget, "git_commit": git_commit(), "versions": versions(), "hardware": device_facts(device),
-        "sizes": asdict(sizes), "variants": args.variants}}
-    ctx.log(f"device {device} ({results['meta']['hardware'].get('gpu', 'CPU')}), budget {budget:.0f} s, "
-            f"torch {torch.__version__}")
-    try:
-        setup_start = time.monotonic()
-        try:
-            results["meta"]["model"] = build_encoder(Path(ctx.model_path), args.tiny, ctx.seed)
-            results["sections"]["setup"] = {"status": "ok", "seconds": round(time.monotonic() - setup_start, 1)}
-            ctx.log(f"encoder built: {results['meta']['model']}")
-        except Exception as err:  # noqa: BLE001 - recorded: nothing else can run without the encoder
-            results["sections"]["setup"] = {"status": "failed", "seconds": round(time.monotonic() - setup_start, 1),
-                                            "error": f"{type(err).__name__}: {err}",
-                                            "traceback": traceback.format_exc()}
-            args.sections = []
-        run_all(ctx, args, results)
+        "time_budget_s": budget, "git_commit": git_commit(), "versions": versions(), "variants": args.variants}}
+    state = {"output_dir": output_dir, "workdir": workdir, "variants": args.variants,
+             "carry_dir": Path(args.carry_dir)}
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
+    line = None
+    try:  # the guard: whatever happens from here on, the report is written
+        ctx = start(args, results, state)
+        if ctx is None:
+            from scripts.gpu_check.preflight import stop_line
+
+            line = stop_line(results["preflight"]["missing"], str(output_dir / "gpu_check.json"))
+        else:
+            run_all(ctx, args, results, state)
+            ctx.log(f"done: all checks passed: {results['all_checks_passed']}, failures: {results['failures']}; "
+                    f"{output_dir / 'gpu_check.json'}")
+    except BaseException as err:  # noqa: BLE001 - recorded in the report, which is written below
+        results["fatal"] = {"error": f"{type(err).__name__}: {err}"[:3000], "traceback": traceback.format_exc()[-4000:]}
+        line = f"gpu_check: stopped: {results['fatal']['error'][:500]}; report: {output_dir / 'gpu_check.json'}"
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         if not args.work_dir:
             shutil.rmtree(workdir, ignore_errors=True)
-    finish(results)
-    write_report(results, output_dir)
-    ctx.log(f"done in {results['meta']['elapsed_s']} s: all checks passed: {results['all_checks_passed']}, "
-            f"complete: {results['complete']}; {output_dir / 'gpu_check.json'}")
-    print((output_dir / "gpu_check.md").read_text(encoding="utf-8"), flush=True)
-    return 0 if results["all_checks_passed"] and results["complete"] else 1
+        write_report(results, output_dir, final=True)
+    if line is None:
+        print((output_dir / "gpu_check.md").read_text(encoding="utf-8"), flush=True)
+        print(f"gpu_check: exit status {results['exit_status']}: every check passed: {results['all_checks_passed']}, "
+              f"failures: {', '.join(results['failures']) or 'none'}", flush=True)
+    else:
+        print(line, flush=True)
+    return results["exit_status"]
 
 
 if __name__ == "__main__":

