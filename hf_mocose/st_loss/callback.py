@@ -276,7 +276,7 @@ class MoCoSELossCallback(EMATargetCallback):
         step = {name: round(value, 4) for name, value in zip(metrics, values.tolist())}
         if loss.queue is not None:
             step["queue_fill"] = int(loss.queue.queue_fill)
-        if self.last_decay is not None:
+        if self.last_decay is not None and loss.target_encoder is not None:  # SimCSE, IFCL: no EMA
             batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * get_world_size()
             step["ema_decay"] = round(self.last_decay, 6)
             step["d_trace"] = round(max_traceable_distance(self.last_decay, loss.queue.capacity, batch), 4)
