@@ -50,16 +50,13 @@ def check_twin_layout(name: str, online: torch.Tensor, target: torch.Tensor) -> 
     with the same mesh, placements and local shape (so their local shards pair up element for element)."""
     if is_sharded(online) != is_sharded(target):
         which = "online" if is_sharded(online) else "target"
-        raise ValueError(
-            f"EMA pair {name!r}: only the {which} tensor is sharded (FSDP2). The target must be sharded like the "
-            "online branch (the same fully_shard calls on both), or neither."
-        )
+        raise ValueError(f"EMA pair {name!r}: only the {which} tensor is sharded (FSDP2). The target must be sharded "
+                         "like the online branch (the same fully_shard calls on both), or neither.")
     if is_sharded(online):
         if online.device_mesh != target.device_mesh or online.placements != target.placements:
-            raise ValueError(
-                f"EMA pair {name!r} is sharded differently: online {online.placements} on {online.device_mesh}, "
-                f"target {target.placements} on {target.device_mesh}. Shard both with the same mesh and placements."
-            )
+            raise ValueError(f"EMA pair {name!r} is sharded differently: online {online.placements} on "
+                             f"{online.device_mesh}, target {target.placements} on {target.device_mesh}. Shard both "
+                             "with the same mesh and placements.")
         if online.to_local().shape != target.to_local().shape:
             raise ValueError(f"EMA pair {name!r}: local shards of shape {tuple(online.to_local().shape)} (online) "
                              f"and {tuple(target.to_local().shape)} (target) do not pair up.")
@@ -110,16 +107,10 @@ class EMATargetCallback(TrainerCallback):
 
     One fused `torch._foreach_lerp_` over the parameters, buffers copied, eta = `ema_decay_at(global_step)`.
     The pairs are read again at `on_train_begin`, after `accelerator.prepare()` (FSDP2 puts `DTensor`s in place).
-
-    Attributes:
-        pairs: the `EMATensorPairs` it updates, as collected last.
-        last_decay: the decay of the last update, or None.
-
-    Args:
-        model: what owns both branches and names their pairs with `ema_parameter_pairs()`: the
-            (unwrapped) `MoCoSEModel`, or a `MoCoSELoss`.
-        decay_start, decay_end: eta at the first step and at the end of the ramp.
-        horizon: optimizer steps the ramp takes (None: the run's `max_steps`).
+    `model` names the pairs with `ema_parameter_pairs()` (the unwrapped `MoCoSEModel`, or a `MoCoSELoss`);
+    `decay_start`/`decay_end`: eta at the first step and at the end of the ramp, which takes `horizon` optimizer
+    steps (None: the run's `max_steps`). `pairs` holds the `EMATensorPairs` last collected, `last_decay` the decay
+    of the last update (or None).
     """
 
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):

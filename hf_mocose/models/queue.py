@@ -67,13 +67,8 @@ class KeyQueue(nn.Module):
         """`(K,)` bool: which slots hold a key."""
         return self.ages() < self.capacity
 
-    def negative_weights(
-        self,
-        age_slices: list[tuple[int, int]] | None = None,
-        newest: int | None = None,
-        forgetting: float | None = None,
-        entries_per_batch: int | None = None,
-    ) -> torch.Tensor:
+    def negative_weights(self, age_slices: list[tuple[int, int]] | None = None, newest: int | None = None,
+                         forgetting: float | None = None, entries_per_batch: int | None = None) -> torch.Tensor:
         """`(K,)` float weights of the slots as negatives: 0 drops a slot, 1 keeps it.
 
         Args:
@@ -122,10 +117,8 @@ def parse_queue_slices(value, queue_size: int) -> list[tuple[int, int]] | None:
         pairs = [tuple(pair) for pair in value]
     for pair in pairs:
         if len(pair) != 2 or not 0 <= pair[0] < pair[1] <= queue_size:
-            raise ValueError(
-                f"queue_slice {value!r}: each slice must be start:end with 0 <= start < end <= queue_size={queue_size}, "
-                f"got {pair!r}."
-            )
+            raise ValueError(f"queue_slice {value!r}: each slice must be start:end with 0 <= start < end <= "
+                             f"queue_size={queue_size}, got {pair!r}.")
     return [(int(a), int(b)) for a, b in pairs]
 
 
