@@ -24,9 +24,7 @@ def max_traceable_distance(decay: float, queue_size: float, global_batch_size: i
 
 def queue_size_for_distance(target: float, decay: float, global_batch_size: int) -> float:
     """K = B * (target - 1/(1-eta)): the queue length that gives `target` at decay `decay` (may be < 0)."""
-    if decay >= 1.0:
-        return -math.inf
-    return global_batch_size * (target - 1.0 / (1.0 - decay))
+    return -math.inf if decay >= 1.0 else global_batch_size * (target - 1.0 / (1.0 - decay))
 
 
 def plan(target: float, global_batch_size: int, decays=DEFAULT_PLAN_DECAYS, max_queue_size: int | None = None):

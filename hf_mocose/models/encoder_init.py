@@ -25,16 +25,11 @@ _DROPOUT_ATTRIBUTES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "d
 def check_is_encoder(config: PretrainedConfig, name: str = "") -> None:
     """Raises a `ValueError` unless `config` describes a bidirectional (masked-LM style) encoder."""
     model_type = getattr(config, "model_type", None)
-    if (
-        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-        or getattr(config, "is_encoder_decoder", False)
-        or getattr(config, "is_decoder", False)
-    ):
-        raise ValueError(
-            f"{name or 'The model'} (model_type={model_type!r}) is not a bidirectional encoder. MoCoSE needs an "
-            "encoder such as BERT, RoBERTa, DistilBERT or MiniLM (a model type with a masked-LM head, not a "
-            "decoder or an encoder-decoder)."
-        )
+    if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or any(
+            getattr(config, flag, False) for flag in ("is_encoder_decoder", "is_decoder")):
+        raise ValueError(f"{name or 'The model'} (model_type={model_type!r}) is not a bidirectional encoder. MoCoSE "
+                         "needs an encoder such as BERT, RoBERTa, DistilBERT or MiniLM (a model type with a masked-LM "
+                         "head, not a decoder or an encoder-decoder).")
 
 
 def set_encoder_dropout(config: PretrainedConfig, rate: float | None) -> None:

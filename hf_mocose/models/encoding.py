@@ -67,10 +67,8 @@ def check_length_fits_encoder(name: str, length: int, config, tokenizer, purpose
     when it is below 2 or above the encoder's (`resolve_max_length`: past it inputs index past the positions)."""
     limit = resolve_max_length(tokenizer, config.encoder_config)
     if not 2 <= length <= limit:
-        raise ValueError(
-            f"{name} {length!r} {purpose} is out of range: it must be between 2 and {limit}, the longest input "
-            f"the encoder ({config.encoder_config.model_type}) supports."
-        )
+        raise ValueError(f"{name} {length!r} {purpose} is out of range: it must be between 2 and {limit}, the longest "
+                         f"input the encoder ({config.encoder_config.model_type}) supports.")
     return int(length)
 
 
@@ -85,8 +83,7 @@ def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = Non
     if recorded:
         return min(int(recorded), limit), "the base model's sentence-transformers max_seq_length"
     base = base_model_of(config)
-    found = sentence_transformers_max_seq_length(base)
-    if found:
+    if found := sentence_transformers_max_seq_length(base):
         return min(found, limit), f"the sentence-transformers max_seq_length of {base}"
     return limit, "the encoder's position limit"
 

@@ -22,14 +22,9 @@ class ContrastiveLossOutput:
     negative_cosine: torch.Tensor
 
 
-def info_nce_loss(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    temperature: float,
-    positive_index: torch.Tensor | None = None,
-    extra_negatives: torch.Tensor | None = None,
-    extra_negative_weights: torch.Tensor | None = None,
-) -> ContrastiveLossOutput:
+def info_nce_loss(queries: torch.Tensor, keys: torch.Tensor, temperature: float, positive_index: torch.Tensor | None = None,
+                  extra_negatives: torch.Tensor | None = None,
+                  extra_negative_weights: torch.Tensor | None = None) -> ContrastiveLossOutput:
     r"""InfoNCE: :math:`-\log \frac{e^{q_i\cdot k_i/\tau}}{e^{q_i\cdot k_i/\tau} + \sum_l w_l e^{q_i\cdot n_l/\tau}}`.
 
     All vectors are L2-normalised here, so dot products are cosines.
@@ -75,14 +70,8 @@ def info_nce_loss(
     return ContrastiveLossOutput(loss, positive_cos.mean().detach(), negative_cos)
 
 
-def twins_loss(
-    anchor: torch.Tensor,
-    identical: torch.Tensor,
-    fraternal: torch.Tensor,
-    anchor_input: torch.Tensor,
-    identical_input: torch.Tensor,
-    fraternal_input: torch.Tensor,
-) -> torch.Tensor:
+def twins_loss(anchor: torch.Tensor, identical: torch.Tensor, fraternal: torch.Tensor, anchor_input: torch.Tensor,
+               identical_input: torch.Tensor, fraternal_input: torch.Tensor) -> torch.Tensor:
     r"""IFCL's Twins loss :math:`| e^{s(h,h^+)} - e^{s(h,h^-)} - M |` with
     :math:`M = e^{s(x,x^+)} - e^{s(x,x^-)}` measured on the (pooled) input embeddings.
 

@@ -16,9 +16,7 @@ SENTENCE_POOLING_MODES = ("cls", "cls_dense", "mean")
 def check_sentence_pooling(mode: str) -> str:
     """Returns `mode` if it is a known pooling mode, else raises a `ValueError` naming it."""
     if mode not in SENTENCE_POOLING_MODES:
-        raise ValueError(
-            f"Unknown sentence_pooling {mode!r}; choose one of {', '.join(SENTENCE_POOLING_MODES)}."
-        )
+        raise ValueError(f"Unknown sentence_pooling {mode!r}; choose one of {', '.join(SENTENCE_POOLING_MODES)}.")
     return mode
 
 
@@ -34,12 +32,8 @@ def _token_pooling(mode: str) -> nn.Module:
     return _TOKEN_POOLING[mode]
 
 
-def pool_sentence_embedding(
-    last_hidden_state: torch.Tensor,
-    attention_mask: torch.Tensor,
-    mode: str,
-    dense: nn.Linear | None = None,
-) -> torch.Tensor:
+def pool_sentence_embedding(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str,
+                            dense: nn.Linear | None = None) -> torch.Tensor:
     """Pools token states into one vector per sentence.
 
     Args:
