@@ -20,24 +20,19 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, multi_pooler: bool = False) -> None:
-    parser.add_argument(
-        "--senteval_dir", required=True, help="SentEval data folder (the one holding STS/, SICK/, CR/, ...)"
-    )
-    pooler_help = (
-        "sentence pooling: cls | cls_dense (last-layer [CLS] through the checkpoint's pooler dense Linear, "
-        "no tanh) | mean. Plain HF encoders default to cls; MoCoSE checkpoints default to their own "
-        "sentence_pooling; a sentence-transformers folder given --pooler is read as a plain HF encoder"
-    )
+    parser.add_argument("--senteval_dir", required=True,
+                        help="SentEval data folder (the one holding STS/, SICK/, CR/, ...)")
+    pooler_help = ("sentence pooling: cls | cls_dense (last-layer [CLS] through the checkpoint's pooler dense Linear, "
+                   "no tanh) | mean. Plain HF encoders default to cls; MoCoSE checkpoints default to their own "
+                   "sentence_pooling; a sentence-transformers folder given --pooler is read as a plain HF encoder")
     if multi_pooler:
         parser.add_argument("--pooler", nargs="+", choices=SENTENCE_POOLING_MODES, help=pooler_help + " (one per model, or one for all)")
     else:
         parser.add_argument("--pooler", choices=SENTENCE_POOLING_MODES, help=pooler_help)
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
-    parser.add_argument(
-        "--max_length", type=int, default=None,
-        help="truncation length in tokens (default: the encoder's own limit, i.e. whole sentences; a MoCoSE "
-        "checkpoint is not cut at its training max_seq_length; a sentence-transformers folder uses its max_seq_length)",
-    )
+    parser.add_argument("--max_length", type=int, default=None, help="truncation length in tokens (default: the "
+                        "encoder's own limit, i.e. whole sentences; a MoCoSE checkpoint is not cut at its training "
+                        "max_seq_length; a sentence-transformers folder uses its max_seq_length)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--no_progress", action="store_true", help="hide the tqdm progress bars")
 
@@ -51,26 +46,17 @@ def register(subparsers) -> None:
         "evaluate",
         help="STS (Spearman x100) and SentEval transfer tasks for a MoCoSE, sentence-transformers or HF encoder",
         description="Evaluates a sentence encoder on the SentEval STS and transfer tasks; prints a Markdown table "
-        "in the papers' column order and optionally writes the results as JSON.",
-    )
+        "in the papers' column order and optionally writes the results as JSON.")
     evaluate.add_argument("model", help="MoCoSE checkpoint, sentence-transformers folder or Hugging Face encoder folder")
     _add_encoder_arguments(evaluate)
-    evaluate.add_argument(
-        "--tasks",
-        nargs="+",
-        default=None,
-        metavar="TASK",
-        help=f"tasks or groups to run (default: the '{DEFAULT_GROUP}' group, i.e. the 7 STS test sets + stsb_dev "
-        f"whose files are present; transfer tasks only when asked: --tasks transfer, or all). "
-        f"Tasks: {' '.join(ALL_TASKS)}. Groups: {' '.join(TASK_GROUPS)}",
-    )
-    evaluate.add_argument(
-        "--aggregation",
-        choices=AGGREGATIONS,
-        default="all",
-        help="STS12-16 headline: 'all' = one correlation over the concatenated sets (SimCSE/MoCoSE, default); "
-        "'wmean' = set correlations averaged, weighted by set size. Both are written to the JSON",
-    )
+    evaluate.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
+                          help=f"tasks or groups to run (default: the '{DEFAULT_GROUP}' group, i.e. the 7 STS test "
+                          "sets + stsb_dev whose files are present; transfer tasks only when asked: --tasks transfer, "
+                          f"or all). Tasks: {' '.join(ALL_TASKS)}. Groups: {' '.join(TASK_GROUPS)}")
+    evaluate.add_argument("--aggregation", choices=AGGREGATIONS, default="all",
+                          help="STS12-16 headline: 'all' = one correlation over the concatenated sets (SimCSE/MoCoSE, "
+                          "default); 'wmean' = set correlations averaged, weighted by set size. Both are written to "
+                          "the JSON")
     evaluate.add_argument("--output", default=None, help="write the results as JSON here")
     evaluate.add_argument("--label", default=None, help="model name for the table (default: the folder name)")
     evaluate.add_argument("--seed", type=int, default=1111, help="seed of the transfer-task classifiers (SentEval: 1111)")
@@ -79,11 +65,9 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=run_evaluate)
 
     diagnose = subparsers.add_parser(
-        "diagnose",
-        help="alignment, uniformity and singular-value spectrum of sentence embeddings on STS-B",
+        "diagnose", help="alignment, uniformity and singular-value spectrum of sentence embeddings on STS-B",
         description="Representation diagnostics (Wang & Isola 2020) on STS-B sentences for one or more models, "
-        "with the singular-value spectra of all of them on one plot.",
-    )
+        "with the singular-value spectra of all of them on one plot.")
     diagnose.add_argument("models", nargs="+", metavar="MODEL", help="model folders to compare")
     _add_encoder_arguments(diagnose, multi_pooler=True)
     diagnose.add_argument("--split", choices=("test", "dev", "train"), default=None, help="STS-B split (default: test, else dev, else train)")
@@ -121,11 +105,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     # Resolve tasks before loading the model: a typo should fail in a second, not after a load.
     tasks, skipped = resolve_tasks(args.senteval_dir, args.tasks)
     if skipped:
-        print(
-            f"Skipping {len(skipped)} task(s) with missing files: "
-            + ", ".join(f"{task} ({path})" for task, path in skipped.items()),
-            file=sys.stderr,
-        )
+        print(f"Skipping {len(skipped)} task(s) with missing files: "
+              + ", ".join(f"{task} ({path})" for task, path in skipped.items()), file=sys.stderr)
     print(f"Tasks: {' '.join(tasks)}", file=sys.stderr)
     if args.tasks is None:
         print("Transfer tasks (mr cr subj mpqa sst2 trec mrpc) run only when asked: --tasks transfer (or all).",
@@ -139,26 +120,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
     label = args.label or Path(args.model).name
     start = time.perf_counter()
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731 - keep stdout for the table
-    results = run_tasks(
-        encoder, args.senteval_dir, tasks, args.aggregation, args.seed, args.kfold, args.inner_folds, log=log
-    )
+    results = run_tasks(encoder, args.senteval_dir, tasks, args.aggregation, args.seed, args.kfold, args.inner_folds,
+                        log=log)
     total = time.perf_counter() - start
     print(markdown_table(results, label))
     if "avg" in results and len(results["avg_over"]) < 7:
         print(f"\nAvg. is over {len(results['avg_over'])} of the 7 STS test tasks: {', '.join(results['avg_over'])}")
     if args.output:
         results["skipped"] = skipped
-        results["meta"] = {
-            "model": str(args.model),
-            "label": label,
-            "encoder": encoder.describe(),
-            "senteval_dir": str(args.senteval_dir),
-            "tasks": tasks,
-            "aggregation": args.aggregation,
-            "seed": args.seed,
-            "batch_size": args.batch_size,
-            "total_seconds": round(total, 2),
-        }
+        results["meta"] = {"model": str(args.model), "label": label, "encoder": encoder.describe(),
+                           "senteval_dir": str(args.senteval_dir), "tasks": tasks, "aggregation": args.aggregation,
+                           "seed": args.seed, "batch_size": args.batch_size, "total_seconds": round(total, 2)}
         _write_json(args.output, results)
         if "interrupted" not in results:
             print(f"\nWrote {args.output}", file=sys.stderr)
@@ -183,10 +155,8 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if args.labels and len(args.labels) != n:
         raise ValueError(f"give one label per model: {n} models, {len(args.labels)} labels")
     if not Path(args.senteval_dir).is_dir():
-        raise FileNotFoundError(
-            f"SentEval directory {args.senteval_dir} does not exist; diagnostics need "
-            "<dir>/STS/STSBenchmark/sts-{train,dev,test}.csv"
-        )
+        raise FileNotFoundError(f"SentEval directory {args.senteval_dir} does not exist; diagnostics need "
+                                "<dir>/STS/STSBenchmark/sts-{train,dev,test}.csv")
     pairs, split = load_stsb_for_diagnostics(args.senteval_dir, args.split)
     results: dict = {}
     for i, (model, pooler) in enumerate(zip(args.models, poolers)):

@@ -23,29 +23,15 @@ from pathlib import Path
 import torch
 
 from hf_mocose.data.sts_files import LAYOUT_HELP
-from hf_mocose.evaluation.sts import (
-    STS_TASKS,
-    STS_TEST_TASKS,
-    evaluate_sts_task,
-    load_sts_task,
-    sts_task_files,
-)
-from hf_mocose.evaluation.transfer import (
-    DEFAULT_SEED,
-    TRANSFER_LAYOUT_HELP,
-    TRANSFER_TASKS,
-    evaluate_transfer_task,
-    transfer_task_files,
-)
+from hf_mocose.evaluation.sts import STS_TASKS, STS_TEST_TASKS, evaluate_sts_task, load_sts_task, sts_task_files
+from hf_mocose.evaluation.transfer import (DEFAULT_SEED, TRANSFER_LAYOUT_HELP, TRANSFER_TASKS, evaluate_transfer_task,
+                                           transfer_task_files)
 from hf_mocose.models.encoding import resolve_max_length
 from hf_mocose.models.pooling import check_sentence_pooling
 
 ALL_TASKS = STS_TASKS + TRANSFER_TASKS
-TASK_GROUPS = {
-    "sts": STS_TEST_TASKS + ("stsb_dev",),
-    "transfer": TRANSFER_TASKS,
-    "all": STS_TEST_TASKS + ("stsb_dev",) + TRANSFER_TASKS,
-}
+TASK_GROUPS = {"sts": STS_TEST_TASKS + ("stsb_dev",), "transfer": TRANSFER_TASKS,
+               "all": STS_TEST_TASKS + ("stsb_dev",) + TRANSFER_TASKS}
 DEFAULT_GROUP = "sts"
 DEFAULT_TASKS = TASK_GROUPS[DEFAULT_GROUP]
 DISPLAY_NAMES = {
@@ -92,9 +78,8 @@ def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) 
         else:  # a group member or a default task: skip it and say so
             skipped[name] = str(missing[0])
     if not run:
-        raise FileNotFoundError(
-            f"no task has its files under {root} (skipped: {', '.join(skipped)}); {LAYOUT_HELP}; {TRANSFER_LAYOUT_HELP}"
-        )
+        raise FileNotFoundError(f"no task has its files under {root} (skipped: {', '.join(skipped)}); {LAYOUT_HELP}; "
+                                f"{TRANSFER_LAYOUT_HELP}")
     return run, skipped
 
 
@@ -102,16 +87,8 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
-def run_tasks(
-    encoder,
-    senteval_dir: str | Path,
-    tasks: list[str],
-    aggregation: str = "all",
-    seed: int = DEFAULT_SEED,
-    kfold: int = 10,
-    inner_folds: int = 5,
-    log=print,
-) -> dict:
+def run_tasks(encoder, senteval_dir: str | Path, tasks: list[str], aggregation: str = "all", seed: int = DEFAULT_SEED,
+              kfold: int = 10, inner_folds: int = 5, log=print) -> dict:
     """Evaluates `encoder` (anything with ``encode(sentences) -> (n, dim)``) on `tasks`: one result per task,
     ``avg``/``avg_over`` (STS tests), ``transfer_avg``/``transfer_avg_over`` and ``seconds`` per task. A Ctrl-C
     ends the run early with the tasks that finished, ``interrupted`` naming the others."""
@@ -214,10 +191,8 @@ def detect_model_kind(path: str | Path) -> str:
     """``"mocose"`` (config.json model_type mocose), ``"sentence-transformers"`` (modules.json) or ``"hf"``."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(
-            f"model path {path} does not exist; give a MoCoSE checkpoint, a sentence-transformers folder "
-            "or a Hugging Face encoder folder"
-        )
+        raise FileNotFoundError(f"model path {path} does not exist; give a MoCoSE checkpoint, a sentence-transformers "
+                                "folder or a Hugging Face encoder folder")
     if not path.is_dir():
         raise ValueError(f"model path {path} is a file; give the model folder")
     config = path / "config.json"
@@ -232,20 +207,13 @@ def detect_model_kind(path: str | Path) -> str:
         return "sentence-transformers"
     if config.is_file():
         return "hf"
-    raise ValueError(
-        f"{path} is not a model folder: expected a MoCoSE checkpoint (config.json with \"model_type\": "
-        "\"mocose\"), a sentence-transformers folder (modules.json) or a Hugging Face encoder (config.json)"
-    )
+    raise ValueError(f"{path} is not a model folder: expected a MoCoSE checkpoint (config.json with \"model_type\": "
+                     "\"mocose\"), a sentence-transformers folder (modules.json) or a Hugging Face encoder "
+                     "(config.json)")
 
 
-def load_encoder(
-    path: str | Path,
-    pooler: str | None = None,
-    device: str | torch.device | None = None,
-    batch_size: int = 64,
-    max_length: int | None = None,
-    show_progress: bool = True,
-) -> Encoder:
+def load_encoder(path: str | Path, pooler: str | None = None, device: str | torch.device | None = None,
+                 batch_size: int = 64, max_length: int | None = None, show_progress: bool = True) -> Encoder:
     """Loads whatever encoder `path` holds, in eval mode (float32 but for a sentence-transformers folder's own).
 
     Args:
