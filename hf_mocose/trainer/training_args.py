@@ -93,66 +93,48 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     eval_steps: float | None = field(default=100, metadata={"help": "Score STS-B dev every X steps (paper: 100)."})
     save_steps: float = field(default=100, metadata={"help": "Save a resumable checkpoint every X steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
-    metric_for_best_model: str | None = field(
-        default="stsb_spearman", metadata={"help": "Metric for `load_best_model_at_end` (STS-B dev Spearman)."}
-    )
-    ddp_find_unused_parameters: bool | None = field(
-        default=False,
-        metadata={"help": "Every trainable parameter is used each step; False avoids DDP's unused-parameter scan."},
-    )
-    ddp_broadcast_buffers: bool | None = field(
-        default=False,
-        metadata={"help": "False: do not broadcast the queue and buffers at every forward (they stay equal anyway)."},
-    )
+    metric_for_best_model: str | None = field(default="stsb_spearman", metadata={
+        "help": "Metric for `load_best_model_at_end` (STS-B dev Spearman)."})
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={
+        "help": "Every trainable parameter is used each step; False avoids DDP's unused-parameter scan."})
+    ddp_broadcast_buffers: bool | None = field(default=False, metadata={
+        "help": "False: do not broadcast the queue and buffers at every forward (they stay equal anyway)."})
 
     # --- Model loading (MoCoSETrainer(model="id or folder")) ---
-    model_init_kwargs: dict | str | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments for from_pretrained when MoCoSETrainer is given a model id or folder "
-                  "(e.g. {\"dtype\": \"bfloat16\", \"revision\": \"main\", \"attn_implementation\": \"sdpa\"}); "
-                  "dtype defaults to float32. A JSON string works on the command line."},
-    )
+    model_init_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "Keyword arguments for from_pretrained when MoCoSETrainer is given a model id or folder "
+                "(e.g. {\"dtype\": \"bfloat16\", \"revision\": \"main\", \"attn_implementation\": \"sdpa\"}); "
+                "dtype defaults to float32. A JSON string works on the command line."})
 
     # --- Method settings: the `MethodSettingsArguments` fields; then what only the Trainer front end takes ---
-    pad_to_max_length: bool | None = field(
-        default=None, metadata={"help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."}
-    )
+    pad_to_max_length: bool | None = field(default=None, metadata={
+        "help": "Pad batches to max_seq_length; default: only for fgsm_mode=previous."})
 
     # --- Ablations and the method family ---
-    queue_slice: str | None = field(
-        default=None,
-        metadata={"help": "Negatives by queue age (0 = newest): 'start:end', comma-separated for a union."},
-    )
-    target_mtd: float | None = field(
-        default=None, metadata={"help": "Hold the maximum traceable distance at this value (MoCoSE only)."}
-    )
-    token_shuffle: bool = field(
-        default=False, metadata={"help": "Shuffle token positions of the views that augmentation_views names."}
-    )
+    queue_slice: str | None = field(default=None, metadata={
+        "help": "Negatives by queue age (0 = newest): 'start:end', comma-separated for a union."})
+    target_mtd: float | None = field(default=None, metadata={
+        "help": "Hold the maximum traceable distance at this value (MoCoSE only)."})
+    token_shuffle: bool = field(default=False, metadata={
+        "help": "Shuffle token positions of the views that augmentation_views names."})
     token_cutoff: float = field(default=0.0, metadata={"help": "Rate of whole token embeddings zeroed, in [0, 1)."})
     feature_cutoff: float = field(default=0.0, metadata={"help": "Rate of embedding dimensions zeroed, in [0, 1)."})
-    augmentation_views: str = field(
-        default="both",
-        metadata={"help": f"Views token_shuffle/token_cutoff/feature_cutoff augment: {', '.join(AUGMENTATION_VIEWS)} "
-                  "(both = online and key view, each its own draw, as the reference code); never at evaluation."},
-    )
+    augmentation_views: str = field(default="both", metadata={
+        "help": f"Views token_shuffle/token_cutoff/feature_cutoff augment: {', '.join(AUGMENTATION_VIEWS)} "
+                "(both = online and key view, each its own draw, as the reference code); never at evaluation."})
     hard_negatives: str | None = field(default=None, metadata={"help": "Hard negatives: 'una' (TF-IDF replacement)."})
     una_alpha: float = field(default=0.5, metadata={"help": "UNA replacement-rate alpha > 0."})
-    una_window: float = field(
-        default=4000, metadata={"help": "UNA sampling window r: ranks if >= 1, a vocabulary fraction if in (0, 1)."}
-    )
+    una_window: float = field(default=4000, metadata={
+        "help": "UNA sampling window r: ranks if >= 1, a vocabulary fraction if in (0, 1)."})
     una_frequency: int = field(default=5, metadata={"help": "Add UNA negatives every f-th optimizer step (f >= 1)."})
-    una_usage: str = field(
-        default="paper",
-        metadata={"help": f"How UNA sentences are used: {', '.join(UNA_USAGES)}. paper: also anchors with their own "
-                  "positive and in every denominator (the UNA paper; needs in_batch_negatives); negative: weight-1 "
-                  "extra negatives only."},
-    )
+    una_usage: str = field(default="paper", metadata={
+        "help": f"How UNA sentences are used: {', '.join(UNA_USAGES)}. paper: also anchors with their own "
+                "positive and in every denominator (the UNA paper; needs in_batch_negatives); negative: weight-1 "
+                "extra negatives only."})
 
     # --- Evaluation ---
-    stsb_dev_file: str | None = field(
-        default=None, metadata={"help": "Path of a SentEval-layout STS-B `sts-dev.csv` scored during training."}
-    )
+    stsb_dev_file: str | None = field(default=None, metadata={
+        "help": "Path of a SentEval-layout STS-B `sts-dev.csv` scored during training."})
     skip_missing_stsb_dev: bool = field(
         default=False, metadata={"help": "If stsb_dev_file does not exist, train without evaluation instead of failing."}
     )
