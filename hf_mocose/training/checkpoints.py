@@ -72,8 +72,7 @@ def _describe_damage(path: Path, err: SafetensorError) -> str:
             return f"{path} is incomplete ({size:,} bytes, cut off inside its header)"
         try:
             header = json.loads(handle.read(header_length))
-            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
-                      default=0)
+            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
             expected = 8 + header_length + int(end)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return f"{path} is not a readable safetensors file (damaged header: {err})"
@@ -111,9 +110,8 @@ def weights_problems(folder: str | os.PathLike) -> list[str]:
 
 def _is_sharded_engine_checkpoint(folder: Path) -> bool:
     """DeepSpeed / FSDP checkpoints keep weights and optimizer state in their own sub-folders."""
-    return (folder / "latest").is_file() or any(
-        p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in folder.iterdir()
-    )
+    return (folder / "latest").is_file() or any(p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0"))
+                                                 for p in folder.iterdir())
 
 
 def interrupted_save_problems(folder: str | os.PathLike) -> list[str]:
@@ -180,12 +178,9 @@ def check_weights_complete(folder: str | os.PathLike, action: str = "resume from
     folder = Path(folder)
     if _weights_files(folder) is None:
         return  # no weights at all: the loader says so in its own words
-    problems = weights_problems(folder)
-    if problems:
-        raise IncompleteCheckpointError(
-            f"{'; '.join(problems)}: it was cut short while being written or copied, so {folder} cannot be loaded. "
-            + previous_checkpoint_hint(folder, action)
-        )
+    if problems := weights_problems(folder):
+        raise IncompleteCheckpointError(f"{'; '.join(problems)}: it was cut short while being written or copied, so "
+                                        f"{folder} cannot be loaded. " + previous_checkpoint_hint(folder, action))
 
 
 def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_only: bool = False) -> str | None:
@@ -216,10 +211,8 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
     problems = checkpoint_problems(folder, model_only)
     if problems:
         check_weights_complete(folder)  # a weights file cut short: named first
-        raise IncompleteCheckpointError(
-            f"Checkpoint {folder} is incomplete ({'; '.join(problems)}): its save was interrupted. "
-            + previous_checkpoint_hint(folder)
-        )
+        raise IncompleteCheckpointError(f"Checkpoint {folder} is incomplete ({'; '.join(problems)}): its save was "
+                                        "interrupted. " + previous_checkpoint_hint(folder))
     return str(folder)
 
 
@@ -267,8 +260,7 @@ def prepare_resume(value, args, model) -> str | None:
                            " %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's step and "
                            "the schedules follow the new size); trainer_state.json and the model card record %s from "
                            "here on.", resume, saved // max(1, args.n_gpu), size, size)
-        changed = check_resume_compatible(resume, model)
-        if changed:
+        if changed := check_resume_compatible(resume, model):
             logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
                            "on with this run's values.", resume, changed)
     if args.should_save:
@@ -330,16 +322,13 @@ def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, t
                  if saved.get(k) != current.get(k)}
     shapes = _saved_shapes(checkpoint)
     model_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    mismatched = [] if shapes is None else [
-        f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
-        for name in sorted(set(shapes) | set(model_shapes)) if shapes.get(name) != model_shapes.get(name)
-    ]
+    mismatched = [] if shapes is None else [f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
+                                            for name in sorted(set(shapes) | set(model_shapes))
+                                            if shapes.get(name) != model_shapes.get(name)]
     if not mismatched:
         return {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}
     fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run" for k, (a, b) in differing.items())
-    raise ValueError(
-        f"Cannot resume from {checkpoint}: its weights do not fit this run's model "
-        f"({fields or 'no model field differs'}; tensor shapes, checkpoint vs this run: {', '.join(mismatched[:3])}"
-        f"{', ...' if len(mismatched) > 3 else ''}). Resume with the checkpoint's settings, or start a new run "
-        "in another output_dir."
-    )
+    raise ValueError(f"Cannot resume from {checkpoint}: its weights do not fit this run's model "
+                     f"({fields or 'no model field differs'}; tensor shapes, checkpoint vs this run: "
+                     f"{', '.join(mismatched[:3])}{', ...' if len(mismatched) > 3 else ''}). Resume with the "
+                     "checkpoint's settings, or start a new run in another output_dir.")
