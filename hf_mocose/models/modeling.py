@@ -101,10 +101,8 @@ class MoCoSEModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_encoder(
-        cls, encoder_name_or_path: str | PreTrainedModel, fraternal_model_name_or_path: str | None = None,
-        **config_kwargs,
-    ) -> "MoCoSEModel":
+    def from_encoder(cls, encoder_name_or_path: str | PreTrainedModel, fraternal_model_name_or_path: str | None = None,
+                     **config_kwargs) -> "MoCoSEModel":
         """Builds a fresh MoCoSE model around a pretrained encoder (a folder, Hub id or loaded model, whose dtype
         it takes; the queue stays fp32). Both encoders start as it, the pooler from its pooler when it has one.
         `config_kwargs` are `MoCoSEConfig` fields; `fraternal_model_name_or_path` (IFCL) gives the fraternal table.
@@ -142,13 +140,11 @@ class MoCoSEModel(PreTrainedModel):
         overrides.pop("fraternal_model_name_or_path", None)  # a checkpoint keeps its own fraternal table
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model.keep_queue_in_fp32()  # also when loaded with another `dtype`
-        changed = {k: v for k, v in overrides.items() if getattr(model.config, k) != v}
-        if changed:
+        if changed := {k: v for k, v in overrides.items() if getattr(model.config, k) != v}:
             from transformers.utils import logging
 
-            logging.get_logger(__name__).warning(
-                f"{pretrained_model_name_or_path} is a MoCoSE checkpoint; its own config wins over {changed}."
-            )
+            logging.get_logger(__name__).warning(f"{pretrained_model_name_or_path} is a MoCoSE checkpoint; its own "
+                                                 f"config wins over {changed}.")
         return model
 
     def keep_queue_in_fp32(self) -> None:
@@ -238,26 +234,17 @@ class MoCoSEModel(PreTrainedModel):
         hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
         return pool_sentence_embedding(hidden, attention_mask, "mean" if self.config.sentence_pooling == "mean" else "cls")
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        embedding_perturbation: torch.Tensor | None = None,
-        perturb_target: bool = True,
-        online_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        key_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        negative_input_ids: torch.Tensor | None = None,
-        negative_attention_mask: torch.Tensor | None = None,
-        negative_token_type_ids: torch.Tensor | None = None,
-        fraternal_input_ids: torch.Tensor | None = None,
-        fraternal_attention_mask: torch.Tensor | None = None,
-        positive_input_ids: torch.Tensor | None = None,
-        positive_attention_mask: torch.Tensor | None = None,
-        positive_token_type_ids: torch.Tensor | None = None,
-        negatives_as_anchors: bool = False,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> MoCoSEOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, embedding_perturbation: torch.Tensor | None = None,
+                perturb_target: bool = True,
+                online_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                key_augmentation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                negative_input_ids: torch.Tensor | None = None, negative_attention_mask: torch.Tensor | None = None,
+                negative_token_type_ids: torch.Tensor | None = None, fraternal_input_ids: torch.Tensor | None = None,
+                fraternal_attention_mask: torch.Tensor | None = None, positive_input_ids: torch.Tensor | None = None,
+                positive_attention_mask: torch.Tensor | None = None,
+                positive_token_type_ids: torch.Tensor | None = None, negatives_as_anchors: bool = False,
+                inputs_embeds: torch.Tensor | None = None) -> MoCoSEOutput:
         """Runs both views of a batch (and its hard negatives, if any).
 
         Args:
@@ -344,12 +331,8 @@ class MoCoSEModel(PreTrainedModel):
     def _target_head(self, cls_state: torch.Tensor) -> torch.Tensor:
         return self.target_projection(self.target_pooler(cls_state))
 
-    def embed(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The sentence embedding `(B, H)`: online encoder + `config.sentence_pooling`."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
