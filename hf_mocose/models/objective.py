@@ -68,9 +68,8 @@ class FGSMPerturbation:
     def step_size(self, word_embeddings: Tensor) -> Tensor | float:
         """The step for embeddings like `word_embeddings` `(B, L, H)`: epsilon, or epsilon x their RMS
         (a 0-dim tensor, no host sync) for `epsilon_unit="embedding_rms"`."""
-        if self.epsilon_unit == "absolute":
-            return self.epsilon
-        return self.epsilon * word_embeddings.detach().float().pow(2).mean().sqrt()
+        return self.epsilon if self.epsilon_unit == "absolute" else (
+            self.epsilon * word_embeddings.detach().float().pow(2).mean().sqrt())
 
     def step(self, gradient: Tensor, word_embeddings: Tensor | None = None) -> Tensor:
         """`(B, L, H)` -> step * sign(gradient); `word_embeddings` `(B, L, H)` set the step for "embedding_rms"."""
@@ -244,11 +243,9 @@ class ContrastiveObjective:
             else:
                 negatives.append(hard)
                 weights.append(torch.ones(hard.shape[0], device=hard.device))
-        result = info_nce_loss(
-            queries, candidates, config.contrastive_temperature, positive_index=positive_index,
-            extra_negatives=torch.cat(negatives) if negatives else None,
-            extra_negative_weights=torch.cat(weights) if weights else None,
-        )
+        result = info_nce_loss(queries, candidates, config.contrastive_temperature, positive_index=positive_index,
+                               extra_negatives=torch.cat(negatives) if negatives else None,
+                               extra_negative_weights=torch.cat(weights) if weights else None)
         if outputs.fraternal_query is not None:
             result.loss = result.loss + self._fraternal_losses(outputs, training)
         return result, keys
