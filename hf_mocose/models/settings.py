@@ -116,29 +116,25 @@ _DECLARED = {
             "encoder has none). `random`: normal(0, initializer_range), as the paper. `identity`: identity matrices "
             "and zero biases, so that at step 0 the query is tanh(LayerNorm(key)) up to dropout (docs/quality.md)."),
     "head_dropout": _s(float, 0.1, "Dropout in projection and predictor blocks.", "model", "head dropout"),
-    "encoder_dropout": _s(
-        float | None, 0.1, "Encoder dropout rate (the dropout augmentation); None keeps the checkpoint's.", "model",
-        "encoder dropout", loss=False, doc="Set on the encoder's hidden and attention dropout."),
-    "target_dropout": _s(
-        bool, True, "Run the target branch with dropout in training.", "target", "target branch dropout",
-        doc="The reference code does."),
+    "encoder_dropout": _s(float | None, 0.1, "Encoder dropout rate (the dropout augmentation); None keeps the "
+                          "checkpoint's.", "model", "encoder dropout", loss=False,
+                          doc="Set on the encoder's hidden and attention dropout."),
+    "target_dropout": _s(bool, True, "Run the target branch with dropout in training.", "target",
+                         "target branch dropout", doc="The reference code does."),
     "shared_embeddings": _s(
         str, "word", f"What the EMA target shares with the online encoder: {', '.join(SHARED_EMBEDDINGS)} (word = "
         "word embeddings only; module = the whole embedding module, copied after every step, as the paper's Figure 2 "
         "and the reference code). MoCoSE only.", "target", "embeddings shared with the target", loss=False,
         doc="With `word` the target's position/token-type embeddings and embedding LayerNorm follow the EMA like the "
             "rest of it; with `module` they are copied from the online encoder after every optimizer step."),
-    "fraternal_fusion": _s(
-        float, 0.5, "IFCL fusion rate epsilon: epsilon*y + (1-epsilon)*y_fraternal, in [0, 1].", "method", loss=False),
-    "ifcl_forgetting": _s(
-        float, 0.1, "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1).", "queue", model=False,
-        doc="Used by method `ifcl` only."),
-    "ema_decay_start": _s(
-        float, 0.75, "EMA decay eta at the first optimizer step, in [0, 1].", "target", "EMA decay η at the first step",
-        model=False),
-    "ema_decay_end": _s(
-        float, 0.95, "EMA decay eta at the end of the cosine ramp, in [0, 1].", "target",
-        "EMA decay η at the end of the cosine ramp", model=False),
+    "fraternal_fusion": _s(float, 0.5, "IFCL fusion rate epsilon: epsilon*y + (1-epsilon)*y_fraternal, in [0, 1].",
+                           "method", loss=False),
+    "ifcl_forgetting": _s(float, 0.1, "IFCL lambda: queue entry m weighs 1 - lambda * ceil(m / batch); in [0, 1).",
+                          "queue", model=False, doc="Used by method `ifcl` only."),
+    "ema_decay_start": _s(float, 0.75, "EMA decay eta at the first optimizer step, in [0, 1].", "target",
+                          "EMA decay η at the first step", model=False),
+    "ema_decay_end": _s(float, 0.95, "EMA decay eta at the end of the cosine ramp, in [0, 1].", "target",
+                        "EMA decay η at the end of the cosine ramp", model=False),
     "ema_decay_horizon": _s(
         int | None, None, "Optimizer steps the cosine ramp takes, eta staying at ema_decay_end after; default: the run "
         "length. The reference code's schedule: start 0.75, end 1.0, horizon 15000.", "target",
@@ -147,14 +143,13 @@ _DECLARED = {
         str, "previous", f"FGSM on word embeddings: {', '.join(FGSM_MODES)}.", "fgsm", "FGSM mode", model=False,
         doc="`previous`: the last step's gradient sign (fitted to each batch's padded length); `exact`: one extra "
             "forward/backward."),
-    "fgsm_epsilon": _s(
-        float, 5e-9, "FGSM step size epsilon >= 0, in fgsm_epsilon_unit.", "fgsm", "FGSM epsilon", model=False),
+    "fgsm_epsilon": _s(float, 5e-9, "FGSM step size epsilon >= 0, in fgsm_epsilon_unit.", "fgsm", "FGSM epsilon",
+                       model=False),
     "fgsm_epsilon_unit": _s(
         str, "absolute", f"Unit of fgsm_epsilon: {', '.join(FGSM_EPSILON_UNITS)} (a fraction of the batch's "
         "root-mean-square word-embedding entry); absolute = the paper's.", "fgsm", "FGSM epsilon unit", model=False),
-    "fgsm_views": _s(
-        str, "both", f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}.", "fgsm",
-        "FGSM perturbed branches", model=False),
+    "fgsm_views": _s(str, "both", f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}.", "fgsm",
+                     "FGSM perturbed branches", model=False),
     "head_learning_rate": _s(
         float | None, 1e-3, "Learning rate of the online heads (pooler, projection, predictor); null = learning_rate "
         "(the paper's).", "optimizer", "learning rate of the heads (pooler, projection, predictor)", model=False,
@@ -273,10 +268,9 @@ def with_keywords(settings: tuple[Setting, ...], more: bool = True):
     (`help()`, `inspect.signature`) then lists them as keyword-only parameters with their defaults, and keeps
     `**kwargs` only if it takes `more` keywords than those."""
     def decorate(init):
-        signature = inspect.signature(init)
+        signature, keyword_only = inspect.signature(init), inspect.Parameter.KEYWORD_ONLY
         params = [p for p in signature.parameters.values() if more or p.kind is not inspect.Parameter.VAR_KEYWORD]
-        keywords = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default, annotation=s.type)
-                    for s in settings]
+        keywords = [inspect.Parameter(s.name, keyword_only, default=s.default, annotation=s.type) for s in settings]
         first_keyword = next((i for i, p in enumerate(params) if p.kind >= inspect.Parameter.KEYWORD_ONLY), len(params))
         init.__signature__ = signature.replace(parameters=[*params[:first_keyword], *keywords, *params[first_keyword:]])
         return init
