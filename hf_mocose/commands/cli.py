@@ -97,8 +97,7 @@ def report_refusal(line: str) -> None:
     with it as its root cause); the others wait to be stopped by the launcher, and speak only if they are not."""
     if not is_main_process():
         time.sleep(OTHER_PROCESSES_WAIT_S)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
     print(line, file=sys.stderr)
 

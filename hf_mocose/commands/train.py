@@ -225,8 +225,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
             raise FileNotFoundError(f"Recipe {str(recipe_path)!r} does not exist.")
         recipe = yaml.safe_load(recipe_path.read_text()) or {}
         known = {action.dest for action in parser._actions}
-        unknown = sorted(set(recipe) - known)
-        if unknown:
+        if unknown := sorted(set(recipe) - known):
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
     auto_bf16 = _take_auto_bf16(argv, recipe)
     if recipe:

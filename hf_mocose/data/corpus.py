@@ -57,8 +57,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         path = Path(train_file)
         if not path.is_file():
             raise FileNotFoundError(f"train_file {train_file!r} does not exist (or is not a file).")
-        builder = _EXTENSION_BUILDERS.get(path.suffix.lower())
-        if builder is None:
+        if (builder := _EXTENSION_BUILDERS.get(path.suffix.lower())) is None:
             raise ValueError(f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
                              f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}.")
         if path.stat().st_size == 0:

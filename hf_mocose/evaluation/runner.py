@@ -33,7 +33,6 @@ ALL_TASKS = STS_TASKS + TRANSFER_TASKS
 TASK_GROUPS = {"sts": STS_TEST_TASKS + ("stsb_dev",), "transfer": TRANSFER_TASKS,
                "all": STS_TEST_TASKS + ("stsb_dev",) + TRANSFER_TASKS}
 DEFAULT_GROUP = "sts"
-DEFAULT_TASKS = TASK_GROUPS[DEFAULT_GROUP]
 DISPLAY_NAMES = {
     "sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
     "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "stsb_train": "STS-B train",
@@ -69,8 +68,7 @@ def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) 
     names = list(dict.fromkeys(names))  # dedupe, keep order
     run, skipped = [], {}
     for name in names:
-        missing = missing_files(root, name)
-        if not missing:
+        if not (missing := missing_files(root, name)):
             run.append(name)
         elif requested and name in requested:  # named on its own, not through a group
             help_text = LAYOUT_HELP if name in STS_TASKS else TRANSFER_LAYOUT_HELP
@@ -109,12 +107,10 @@ def run_tasks(encoder, senteval_dir: str | Path, tasks: list[str], aggregation: 
         seconds[task] = round(time.perf_counter() - start, 2)
         if log:
             log(f"{DISPLAY_NAMES[task]:>12}: {summary}  (n={results[task]['n']}, {seconds[task]:.1f}s)")
-    sts_ran = [t for t in STS_TEST_TASKS if t in results]
-    if sts_ran:
+    if sts_ran := [t for t in STS_TEST_TASKS if t in results]:
         results["avg"] = _mean([results[t]["spearman"] for t in sts_ran])
         results["avg_over"] = sts_ran
-    transfer_ran = [t for t in TRANSFER_TASKS if t in results]
-    if transfer_ran:
+    if transfer_ran := [t for t in TRANSFER_TASKS if t in results]:
         results["transfer_avg"] = _mean([results[t]["accuracy"] for t in transfer_ran])
         results["transfer_avg_over"] = transfer_ran
     results["seconds"] = seconds
@@ -150,8 +146,7 @@ def markdown_tables(rows: dict[str, dict]) -> str:
         cells = [label, *(_cell(results.get(t, {}).get("spearman")) for t in STS_TEST_TASKS)]
         body.append(cells + [_avg_cell(results, "avg", "avg_over", len(STS_TEST_TASKS))])
     lines = table(["Model", *(DISPLAY_NAMES[t] for t in STS_TEST_TASKS), "Avg."], body)
-    extras = [t for t in STS_TASKS if t not in STS_TEST_TASKS and any(t in r for r in rows.values())]
-    if extras:
+    if extras := [t for t in STS_TASKS if t not in STS_TEST_TASKS and any(t in r for r in rows.values())]:
         body = [[label, *(_cell(r.get(t, {}).get("spearman")) for t in extras)] for label, r in rows.items()]
         lines += [""] + table(["Model", *(DISPLAY_NAMES[t] for t in extras)], body)
     if any(t in r for r in rows.values() for t in TRANSFER_TASKS):
@@ -247,8 +242,7 @@ def load_encoder(path: str | Path, pooler: str | None = None, device: str | torc
         transformer = Transformer(path, model_kwargs=float32)
         modules = [transformer, Pooling(transformer.get_embedding_dimension(), "mean" if pooling == "mean" else "cls")]
         if pooling == "cls_dense":
-            dense = getattr(getattr(transformer.auto_model, "pooler", None), "dense", None)
-            if dense is None:
+            if (dense := getattr(getattr(transformer.auto_model, "pooler", None), "dense", None)) is None:
                 raise ValueError(f"--pooler cls_dense needs a pooler dense layer, and {path} has none")
             modules.append(Dense(dense.in_features, dense.out_features, activation_function=torch.nn.Identity(),
                                  init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))

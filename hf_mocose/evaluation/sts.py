@@ -168,8 +168,7 @@ def load_stsb_for_diagnostics(senteval_dir: str | Path, split: str | None = None
 def diagnose(encode: Callable[[list[str]], torch.Tensor], pairs: StsPairs, positive_threshold: float = 4.0) -> dict:
     """Alignment, uniformity and singular-value spectrum of `encode` on `pairs`, with the pair and sentence counts."""
     unique, emb = _encode_once(encode, [pairs])
-    positives = [i for i, score in enumerate(pairs.scores) if score >= positive_threshold]
-    if not positives:
+    if not (positives := [i for i, score in enumerate(pairs.scores) if score >= positive_threshold]):
         raise ValueError(f"no STS-B pair has a gold score >= {positive_threshold}; cannot compute alignment")
     x = emb[[unique[pairs.sentences1[i]] for i in positives]]
     y = emb[[unique[pairs.sentences2[i]] for i in positives]]

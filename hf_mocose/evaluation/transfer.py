@@ -77,8 +77,7 @@ def load_trec(path: Path) -> tuple[list[str], np.ndarray]:
         target, _, rest = line.partition(":")
         sentences.append(rest.split(" ", 1)[1] if " " in rest else rest)
         labels.append(target)
-    unknown = set(labels) - set(TREC_CLASSES)
-    if unknown:
+    if unknown := set(labels) - set(TREC_CLASSES):
         raise ValueError(f"{path}: unknown TREC coarse labels {sorted(unknown)}; expected {', '.join(TREC_CLASSES)}")
     # A fixed class list, so train and test agree on label ids.
     return sentences, np.array([TREC_CLASSES.index(label) for label in labels])

@@ -31,8 +31,7 @@ class _RegisterAfterAutoModules(importlib.abc.MetaPathFinder):
         self.pending = dict(pending)
 
     def find_spec(self, fullname, path, target=None):
-        ours = self.pending.pop(fullname, None)
-        if ours is None:
+        if (ours := self.pending.pop(fullname, None)) is None:
             return None
         if not self.pending and self in sys.meta_path:
             sys.meta_path.remove(self)

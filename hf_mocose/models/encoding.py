@@ -32,8 +32,7 @@ def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None)
     from sentence_transformers.util import load_file_path
 
     try:
-        modules_file = load_file_path(name_or_path, "modules.json")
-        if modules_file is None:
+        if (modules_file := load_file_path(name_or_path, "modules.json")) is None:
             return None
         with open(modules_file, encoding="utf-8") as handle:
             modules = json.load(handle)
@@ -42,8 +41,7 @@ def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None)
             return None
         module_config = Transformer.load_config(name_or_path, subfolder=subfolder)
         tokenizer_kwargs = module_config.get("processor_kwargs") or module_config.get("tokenizer_args") or {}
-        length = module_config.get("max_seq_length") or tokenizer_kwargs.get("model_max_length")
-        if length is None:
+        if (length := module_config.get("max_seq_length") or tokenizer_kwargs.get("model_max_length")) is None:
             tokenizer_file = load_file_path(name_or_path, "tokenizer_config.json", subfolder=subfolder)
             if tokenizer_file is not None:
                 with open(tokenizer_file, encoding="utf-8") as handle:
@@ -79,8 +77,7 @@ def inference_max_seq_length(config, tokenizer, max_seq_length: int | None = Non
         length = check_length_fits_encoder("max_seq_length", max_seq_length, config, tokenizer, "for the export")
         return length, "given explicitly"
     limit = resolve_max_length(tokenizer, config.encoder_config)
-    recorded = getattr(config, "base_max_seq_length", None)
-    if recorded:
+    if recorded := getattr(config, "base_max_seq_length", None):
         return min(int(recorded), limit), "the base model's sentence-transformers max_seq_length"
     base = base_model_of(config)
     if found := sentence_transformers_max_seq_length(base):
@@ -97,8 +94,7 @@ def resolve_max_length(tokenizer, config=None, max_length: int | None = None) ->
         return int(max_length)
     limit = getattr(tokenizer, "model_max_length", None) or 512
     limit = 512 if limit > 100_000 else int(limit)
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions:
+    if positions := getattr(config, "max_position_embeddings", None):
         # RoBERTa-style models reserve padding_idx + 1 positions.
         offset = 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
         limit = min(limit, int(positions) - offset)

@@ -105,8 +105,7 @@ def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
 
     if constants.is_offline_mode():
         raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
-    token = token or get_token()
-    if not token:
+    if not (token := token or get_token()):
         raise HubPushError("No Hugging Face token found. Set the HF_TOKEN environment variable or run `hf auth login` "
                            "(a token with write access to the target namespace).")
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # read now: huggingface_hub reads it once at import
@@ -208,8 +207,7 @@ def trainer_repo_id(trainer) -> str | None:
 
 def final_repo_id(trainer) -> str:
     """The repo the final model goes to (`hub_model_id`); a `ValueError` says how to set it when there is none."""
-    repo_id = trainer_repo_id(trainer)
-    if not repo_id:
+    if not (repo_id := trainer_repo_id(trainer)):
         raise ValueError("Publishing to the Hub needs a repo id: set hub_model_id to 'namespace/name'.")
     return validate_repo_id(repo_id)
 
@@ -306,8 +304,7 @@ class HubPublishingMixin:
         on the main process, None on the others."""
         from .model_card import card_kwargs_from_trainer_keywords
 
-        unknown = sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS))
-        if unknown:
+        if unknown := sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS)):
             raise TypeError(f"push_to_hub() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
                             f"takes commit_message, blocking, token, revision, private, {', '.join(PUSH_TO_HUB_KEYWORDS)}.")
         final_dir = Path(kwargs.pop("final_dir", None) or Path(self.args.output_dir) / "final")

@@ -322,8 +322,7 @@ def find_template(template: str | os.PathLike | None = None) -> Path:
     name = DEFAULT_TEMPLATE if template is None else str(template)
     candidates = [Path(__file__).resolve().parents[2] / "model_cards" / name,
                   Path(str(resources.files("hf_mocose") / "templates" / name))]
-    found = next((candidate for candidate in candidates if candidate.is_file()), None)
-    if found is None:
+    if (found := next((candidate for candidate in candidates if candidate.is_file()), None)) is None:
         raise FileNotFoundError(f"Model card template {name!r} not found (looked in: {', '.join(map(str, candidates))}).")
     return found
 
@@ -343,8 +342,7 @@ def card_kwargs_from_trainer_keywords(**kwargs) -> dict[str, Any]:
     `ValueError` naming both."""
     card = dict(kwargs)
     for trainer_name, ours in _SAME_MEANING.items():
-        value = card.pop(trainer_name, None)
-        if value is None:
+        if (value := card.pop(trainer_name, None)) is None:
             continue
         value = ", ".join(as_list(value)) if ours == "corpus" else (as_list(value) if ours == "datasets" else value)
         if card.get(ours) not in (None, (), []) and card[ours] != value:

@@ -106,8 +106,7 @@ def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int)
 def is_new_best(args, state, metrics: dict[str, float]) -> bool:
     """What `Trainer._determine_best_metric` is about to decide from `metrics` (`on_evaluate` runs before
     it updates `state.best_metric`): whether `save_strategy="best"` saves this step."""
-    name = args.metric_for_best_model
-    if name is None:
+    if (name := args.metric_for_best_model) is None:
         return False
     key = name if name.startswith("eval_") else f"eval_{name}"
     if key not in metrics:
@@ -141,11 +140,9 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
     """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
     columns, a queue larger than the data, batches that differ between processes."""
     check_streamed_data(dataset, args)
-    columns = [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]
-    if not columns:
+    if not (columns := [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]):
         return  # not a `datasets` table: nothing to read before the first batch
-    labels = [c for c in columns if c in LABEL_COLUMNS]
-    if labels:
+    if labels := [c for c in columns if c in LABEL_COLUMNS]:
         raise ValueError(f"MoCoSELoss learns from text alone, but the training data has the label column {labels[0]!r}: "
                          f"drop it (dataset.remove_columns({labels!r})).")
     features = getattr(dataset, "features", None) or {}
@@ -201,11 +198,9 @@ class MoCoSELossCallback(EMATargetCallback):
 
     # ----------------------------------------------------------------- before the first step
     def on_init_end(self, args, state, control, **kwargs):
-        rate = self.mocose_loss.settings["head_learning_rate"]
-        if rate is None:
+        if (rate := self.mocose_loss.settings["head_learning_rate"]) is None:
             return
-        mapping = getattr(args, "learning_rate_mapping", None)
-        if mapping is None:
+        if (mapping := getattr(args, "learning_rate_mapping", None)) is None:
             raise TypeError(f"MoCoSELoss trains under SentenceTransformerTrainer: head_learning_rate={rate} reaches the "
                             f"optimiser through SentenceTransformerTrainingArguments.learning_rate_mapping, which "
                             f"{type(args).__name__} lacks.")
@@ -309,8 +304,7 @@ class MoCoSELossCallback(EMATargetCallback):
             shutil.rmtree(copied)
 
     def on_save(self, args, state, control, **kwargs):
-        checkpoint = checkpoint_folder(args, state) or locate_checkpoint(args, state)
-        if checkpoint is None:
+        if (checkpoint := checkpoint_folder(args, state) or locate_checkpoint(args, state)) is None:
             logger.warning("MoCoSELoss found no checkpoint-%d folder under %s: its state was not saved.",
                            state.global_step, args.output_dir)
             return

@@ -115,8 +115,7 @@ class MoCoSELoss(nn.Module):
     @with_keywords(LOSS_SETTINGS, more=False)  # any other keyword is refused
     def __init__(self, model: SentenceTransformer, **settings):
         super().__init__()
-        unknown = {name: value for name, value in settings.items() if name not in METHOD_DEFAULTS}
-        if unknown:
+        if unknown := {name: value for name, value in settings.items() if name not in METHOD_DEFAULTS}:
             _refuse_unknown(unknown)
         self.settings = take_settings(settings, LOSS_SETTINGS)  # defaults filled in, queue_init_size resolved, validated
         self._ready = False  # set by the callback at on_train_begin

@@ -238,8 +238,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     def _queue_reach(self, capacity: int, decay: float) -> int:
         """K in d_trace: the age span of the queue entries in use (at the step that applied `decay`)."""
-        window = self.queue_window(decay)
-        if window is not None:
+        if (window := self.queue_window(decay)) is not None:
             return window
         if self.args.queue_age_slices:
             return min(max(end for _, end in self.args.queue_age_slices), capacity)

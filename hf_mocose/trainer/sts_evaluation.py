@@ -34,11 +34,9 @@ def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
 
 def check_sts_dataset(dataset) -> None:
     """Raises a `ValueError` naming what is wrong when `dataset` is not STS pairs with gold scores."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:
+    if (columns := getattr(dataset, "column_names", None)) is None:
         raise ValueError(f"The STS evaluation dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
-    missing = [c for c in STS_COLUMNS if c not in columns]
-    if missing:
+    if missing := [c for c in STS_COLUMNS if c not in columns]:
         raise ValueError(f"The STS evaluation dataset needs the columns {', '.join(STS_COLUMNS)}; missing "
                          f"{', '.join(missing)} (it has {', '.join(columns) or 'no columns'}).")
     if len(dataset) < 2:

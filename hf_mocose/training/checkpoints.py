@@ -102,8 +102,7 @@ def _weights_files(folder: Path) -> list[Path] | None:
 def weights_problems(folder: str | os.PathLike) -> list[str]:
     """What is wrong with the model weights of `folder` (empty when they are whole)."""
     folder = Path(folder)
-    files = _weights_files(folder)
-    if files is None:
+    if (files := _weights_files(folder)) is None:
         return [f"no {SAFE_WEIGHTS_NAME}"]
     return [problem for problem in map(safetensors_problem, files) if problem]
 
@@ -164,8 +163,7 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike, before_step: int |
 def previous_checkpoint_hint(folder: str | os.PathLike, action: str = "resume from") -> str:
     """'The previous complete checkpoint is ...: <action> it' for a damaged `folder`, or what to do without one."""
     folder = Path(folder)
-    previous = newest_complete_checkpoint(folder.parent, before_step=checkpoint_step(folder))
-    if previous is None:
+    if (previous := newest_complete_checkpoint(folder.parent, before_step=checkpoint_step(folder))) is None:
         return f"There is no earlier complete checkpoint in {folder.parent}: {action} another model, or train again."
     if action == "resume from":
         return (f"The previous complete checkpoint is {previous}: resume from it with --resume_from_checkpoint "
@@ -191,8 +189,7 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
     if value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES:
         chosen, skipped = None, []
         for folder in reversed(list_checkpoints(output_dir)):
-            problems = checkpoint_problems(folder, model_only)
-            if not problems:
+            if not (problems := checkpoint_problems(folder, model_only)):
                 chosen = folder
                 break
             skipped.append((folder, problems))
@@ -208,8 +205,7 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
         newest = newest_complete_checkpoint(output_dir, model_only=model_only)
         hint = f" The newest complete checkpoint in {output_dir} is {newest}." if newest else ""
         raise FileNotFoundError(f"resume_from_checkpoint {str(value)!r} is not a folder.{hint}")
-    problems = checkpoint_problems(folder, model_only)
-    if problems:
+    if problems := checkpoint_problems(folder, model_only):
         check_weights_complete(folder)  # a weights file cut short: named first
         raise IncompleteCheckpointError(f"Checkpoint {folder} is incomplete ({'; '.join(problems)}): its save was "
                                         "interrupted. " + previous_checkpoint_hint(folder))
@@ -251,8 +247,7 @@ def prepare_resume(value, args, model) -> str | None:
     """What `MoCoSETrainer.train` does with `resume_from_checkpoint` before `Trainer.train`: resolves and checks
     it, refuses one that does not fit `model` (warning about changed fields), and removes the interrupted
     checkpoint folders this run will write again."""
-    resume = resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
-    if resume is not None:
+    if (resume := resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)) is not None:
         saved = json.loads((Path(resume) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("train_batch_size")
         if saved and saved != args.train_batch_size and not args.auto_find_batch_size and args.should_log:
             size = args.per_device_train_batch_size
@@ -290,8 +285,7 @@ def _flat_config(config: dict, prefix: str = "") -> dict:
 
 def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape from the safetensors headers of `folder` (None when the weights are not safetensors)."""
-    files = _weights_files(folder)
-    if not files:
+    if not (files := _weights_files(folder)):
         return None
     shapes = {}
     for file in files:
