@@ -86,9 +86,7 @@ def _write_json(path: str, payload: dict) -> None:
             return None
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        return value
+        return [clean(v) for v in value] if isinstance(value, (list, tuple)) else value
 
     out.write_text(json.dumps(clean(payload), indent=2) + "\n")
 

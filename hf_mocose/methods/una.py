@@ -288,9 +288,7 @@ def _match_case(word: str, original: str) -> str:
     """A (lowercase) replacement with the capitalisation pattern of the word it replaces."""
     if len(original) > 1 and original.isupper():
         return word.upper()
-    if original[:1].isupper():
-        return word[:1].upper() + word[1:]
-    return word
+    return word[:1].upper() + word[1:] if original[:1].isupper() else word
 
 
 class UNAAugmenter:

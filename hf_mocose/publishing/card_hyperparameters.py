@@ -99,9 +99,7 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
 def _mixed_precision(recorded: dict[str, Any]) -> str:
     if recorded.get("bf16"):
         return "bf16 (autocast; fp32 master weights)"
-    if recorded.get("fp16"):
-        return "fp16 (autocast with loss scaling; fp32 master weights)"
-    return "no (fp32)"
+    return "fp16 (autocast with loss scaling; fp32 master weights)" if recorded.get("fp16") else "no (fp32)"
 
 
 def model_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:

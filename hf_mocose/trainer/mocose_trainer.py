@@ -240,9 +240,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         """K in d_trace: the age span of the queue entries in use (at the step that applied `decay`)."""
         if (window := self.queue_window(decay)) is not None:
             return window
-        if self.args.queue_age_slices:
-            return min(max(end for _, end in self.args.queue_age_slices), capacity)
-        return capacity
+        slices = self.args.queue_age_slices
+        return min(max(end for _, end in slices), capacity) if slices else capacity
 
     # ----------------------------------------------------------------- checkpoints
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

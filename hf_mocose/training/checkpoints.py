@@ -94,9 +94,7 @@ def _weights_files(folder: Path) -> list[Path] | None:
         return [folder / shard for shard in shards]
     if (folder / SAFE_WEIGHTS_NAME).is_file():
         return [folder / SAFE_WEIGHTS_NAME]
-    if (folder / WEIGHTS_NAME).is_file() or (folder / WEIGHTS_INDEX_NAME).is_file():
-        return []
-    return None
+    return [] if (folder / WEIGHTS_NAME).is_file() or (folder / WEIGHTS_INDEX_NAME).is_file() else None
 
 
 def weights_problems(folder: str | os.PathLike) -> list[str]:
