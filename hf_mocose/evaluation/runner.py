@@ -209,14 +209,11 @@ def detect_model_kind(path: str | Path) -> str:
 
 def load_encoder(path: str | Path, pooler: str | None = None, device: str | torch.device | None = None,
                  batch_size: int = 64, max_length: int | None = None, show_progress: bool = True) -> Encoder:
-    """Loads whatever encoder `path` holds, in eval mode (float32 but for a sentence-transformers folder's own).
-
-    Args:
-        path: MoCoSE checkpoint, sentence-transformers folder or plain HF encoder folder.
-        pooler: ``cls | cls_dense | mean``; overrides a MoCoSE checkpoint's sentence_pooling (plain HF default
-            ``cls``); a sentence-transformers folder given one is read as a plain HF encoder.
-        device: default CUDA when available, else CPU.
-        max_length: truncation in tokens; by default the encoder's own limit (whole sentences, as SentEval).
+    """Loads the MoCoSE checkpoint, sentence-transformers folder or plain HF encoder folder `path`, in eval mode
+    (float32 but for a sentence-transformers folder's own). `pooler` (``cls | cls_dense | mean``) overrides a MoCoSE
+    checkpoint's sentence_pooling (plain HF default ``cls``); a sentence-transformers folder given one is read as a
+    plain HF encoder. `device`: default CUDA when available. `max_length`: truncation in tokens, by default the
+    encoder's own limit (whole sentences, as SentEval).
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer

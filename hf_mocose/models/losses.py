@@ -22,21 +22,17 @@ class ContrastiveLossOutput:
     negative_cosine: torch.Tensor
 
 
-def info_nce_loss(queries: torch.Tensor, keys: torch.Tensor, temperature: float, positive_index: torch.Tensor | None = None,
-                  extra_negatives: torch.Tensor | None = None,
+def info_nce_loss(queries: torch.Tensor, keys: torch.Tensor, temperature: float,
+                  positive_index: torch.Tensor | None = None, extra_negatives: torch.Tensor | None = None,
                   extra_negative_weights: torch.Tensor | None = None) -> ContrastiveLossOutput:
     r"""InfoNCE: :math:`-\log \frac{e^{q_i\cdot k_i/\tau}}{e^{q_i\cdot k_i/\tau} + \sum_l w_l e^{q_i\cdot n_l/\tau}}`.
 
-    All vectors are L2-normalised here, so dot products are cosines.
-
-    Args:
-        queries: `(B, D)` online outputs q_i.
-        keys: `(B, D)` with `positive_index=None`: k_i is q_i's positive and the only key it sees. Otherwise
-            `(G, D)` candidates (e.g. the global batch's keys): `keys[positive_index[i]]` is q_i's positive.
-        temperature: tau > 0.
-        positive_index: `(B,)` long, the row of each query's positive in `keys` (in-batch negatives on).
-        extra_negatives: `(N, D)` negatives shared by all queries (the queue, hard negatives).
-        extra_negative_weights: `(N,)` weights w_l >= 0 (0 removes an entry, e.g. an empty slot); default ones.
+    All vectors are L2-normalised here, so dot products are cosines; tau = `temperature` > 0. `queries` `(B, D)`:
+    the online outputs q_i. `keys`: `(B, D)` with `positive_index=None` (k_i is q_i's positive and the only key it
+    sees), else `(G, D)` candidates (e.g. the global batch's keys), `keys[positive_index[i]]` being q_i's positive
+    (`positive_index` `(B,)` long: in-batch negatives on). `extra_negatives` `(N, D)`: shared by all queries (the
+    queue, hard negatives), weighted by `extra_negative_weights` `(N,)` w_l >= 0 (0 removes an entry, e.g. an empty
+    slot; default ones).
     """
     q = F.normalize(queries.float(), dim=-1)
     k = F.normalize(keys.float(), dim=-1)

@@ -34,19 +34,12 @@ def _token_pooling(mode: str) -> nn.Module:
 
 def pool_sentence_embedding(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str,
                             dense: nn.Linear | None = None) -> torch.Tensor:
-    """Pools token states into one vector per sentence.
+    """`(batch, hidden)` sentence embeddings from `last_hidden_state` `(batch, seq_len, hidden)` and
+    `attention_mask` `(batch, seq_len)` (1 = real token). `mode`: `"cls"` (the first token's state), `"cls_dense"`
+    (that state through `dense`, a Linear with no activation: the MoCoSE pooler) or `"mean"` (masked mean).
 
-    Args:
-        last_hidden_state: `(batch, seq_len, hidden)` last-layer token states.
-        attention_mask: `(batch, seq_len)`, 1 for real tokens, 0 for padding.
-        mode: `"cls"` (the first token's state), `"cls_dense"` (that state through `dense`,
-            a Linear with no activation: the MoCoSE pooler) or `"mean"` (masked mean of all tokens).
-        dense: the Linear used by `"cls_dense"`.
-
-    Returns:
-        `(batch, hidden)` sentence embeddings. In float32 (training and evaluation, autocast included)
-        bit-identical to the masked mean / first token computed by hand; half-precision states are
-        averaged in float32 (sentence-transformers' rule), then cast back.
+    In float32 (training and evaluation, autocast included) bit-identical to the masked mean / first token computed
+    by hand; half-precision states are averaged in float32 (sentence-transformers' rule), then cast back.
     """
     check_sentence_pooling(mode)
     if mode == "cls_dense" and dense is None:

@@ -14,11 +14,7 @@ from torch.nn import functional as F
 class KeyQueue(nn.Module):
     """A ring buffer of L2-normalised keys, oldest overwritten first. The age of a slot (0 = newest) is
     `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask over the buffer, not a copy.
-
-    Args:
-        capacity: K, the number of keys kept.
-        dim: D, the key width.
-        init_size: K_s, how many random unit vectors the queue starts with (0 <= K_s <= K).
+    `capacity` K keys of width `dim` D; the queue starts with `init_size` K_s random unit vectors (0 <= K_s <= K).
     """
 
     def __init__(self, capacity: int, dim: int, init_size: int = 0):
@@ -69,16 +65,11 @@ class KeyQueue(nn.Module):
 
     def negative_weights(self, age_slices: list[tuple[int, int]] | None = None, newest: int | None = None,
                          forgetting: float | None = None, entries_per_batch: int | None = None) -> torch.Tensor:
-        """`(K,)` float weights of the slots as negatives: 0 drops a slot, 1 keeps it.
-
-        Args:
-            age_slices: keep only slots whose age lies in one of the half-open ranges `[start, end)`
-                (0 = newest), e.g. `[(0, 256), (768, 1024)]` for "all but 256-768".
-            newest: keep only the `newest` youngest slots (MTD-targeted training's active window).
-            forgetting: IFCL's lambda: the entry of age a (m = a + 1, newest first) gets weight
-                `1 - lambda * ceil(m / entries_per_batch)`.
-            entries_per_batch: N, keys enqueued per step (IFCL's mini-batch), needed with `forgetting`.
-        """
+        """`(K,)` float weights of the slots as negatives: 0 drops a slot, 1 keeps it. `age_slices` keeps only slots
+        whose age lies in one of the half-open ranges `[start, end)` (0 = newest), e.g. `[(0, 256), (768, 1024)]` for
+        "all but 256-768"; `newest` only the `newest` youngest slots (MTD-targeted training's active window).
+        `forgetting` (IFCL's lambda) weighs the entry of age a (m = a + 1, newest first) `1 - lambda * ceil(m / N)`,
+        N = `entries_per_batch`, the keys enqueued per step (IFCL's mini-batch)."""
         ages = self.ages()
         weights = (ages < self.capacity).float()
         if age_slices:

@@ -40,29 +40,20 @@ FGSM_EPSILON_UNITS = ("absolute", "embedding_rms")
 
 @dataclass(frozen=True)
 class Setting:
-    """One method setting.
-
-    Attributes:
-        name, type, default: the keyword, its type (as `HfArgumentParser` reads it) and its default.
-        help: the `--help` text; `doc`: what the generated docstrings (`describe`) add to it.
-        group: where the setting belongs (`method`, `model`, `queue`, `target`, `fgsm`, `optimizer`); the card
-            shows the `target`/`fgsm` rows first among the training arguments, the `optimizer` one by the
-            learning rate.
-        label: the model card's row label; None = no row.
-        model, args, loss: a `MoCoSEConfig` field (saved in `config.json`), a `MoCoSETrainingArguments`
-            field, a `MoCoSELoss` keyword.
-    """
+    """One method setting: the keyword `name`, its `type` (as `HfArgumentParser` reads it) and `default`."""
 
     name: str
     type: Any
     default: Any
-    help: str
+    help: str  # the `--help` text
+    # `method`, `model`, `queue`, `target`, `fgsm` or `optimizer`: the card shows the `target`/`fgsm` rows first
+    # among the training arguments, the `optimizer` one by the learning rate.
     group: str
-    label: str | None = None
-    model: bool = True
-    args: bool = True
-    loss: bool = True
-    doc: str = ""
+    label: str | None = None  # the model card's row label; None = no row
+    model: bool = True  # a `MoCoSEConfig` field (saved in `config.json`)
+    args: bool = True  # a `MoCoSETrainingArguments` field
+    loss: bool = True  # a `MoCoSELoss` keyword
+    doc: str = ""  # what the generated docstrings (`describe`) add to `help`
 
 
 def _s(type_, default, help_, group, label=None, *, model=True, loss=True, doc="") -> dict[str, Any]:

@@ -23,11 +23,9 @@ import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model, inference_max_seq_length
-from .model_card import (
-    CITATIONS, STS_TEST_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS, MoCoSEModelCardData, _read_json,
-    as_list, find_template, load_card_facts, mocose_eval_results, public_name, read_eval_results,
-    training_data_tables, training_details,
-)
+from .model_card import (CITATIONS, STS_TEST_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS,
+                         MoCoSEModelCardData, _read_json, as_list, find_template, load_card_facts, mocose_eval_results,
+                         public_name, read_eval_results, training_data_tables, training_details)
 
 logger = logging.getLogger(__name__)
 
@@ -178,17 +176,13 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
                                     overwrite: bool = False, *, max_seq_length: int | None = None,
                                     eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
                                     verify: bool = True, **card_kwargs) -> Path:
-    """Writes a sentence-transformers model folder of the checkpoint's online branch; returns the folder.
-
-    Args:
-        checkpoint: a MoCoSE checkpoint folder (config.json + model.safetensors + tokenizer).
-        output_dir: the folder to write; absent or empty unless `overwrite` (which replaces it whole).
-        max_seq_length: tokens the export truncates its inputs at. Default: the base model's sentence-transformers
-            `max_seq_length`, else the encoder's position limit (`hf_mocose.models.encoding`).
-        eval_results: evaluation JSON (path or dict) whose results go into the model card.
-        write_card: write README.md from the `model_cards/` template (`write_model_card`).
-        verify: reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
-        **card_kwargs: passed to `write_model_card` (repo_id, base_model, datasets, template, facts...).
+    """Writes a sentence-transformers model folder of the online branch of `checkpoint` (a MoCoSE checkpoint folder:
+    config.json + model.safetensors + tokenizer) to `output_dir` (absent or empty unless `overwrite`, which replaces
+    it whole); returns the folder. It truncates its inputs at `max_seq_length` tokens (default: the base model's
+    sentence-transformers `max_seq_length`, else the encoder's position limit: `hf_mocose.models.encoding`).
+    `write_card`: README.md from the `model_cards/` template (`write_model_card`, given `card_kwargs`: repo_id,
+    base_model, datasets, template, facts...), with the results of `eval_results` (JSON path or dict). `verify`:
+    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded

@@ -20,10 +20,8 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
-from ..training.sharding import (
-    accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice, refuse_one_process_of_several,
-    refuse_unsupported_sharding,
-)
+from ..training.sharding import (accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice,
+                                 refuse_one_process_of_several, refuse_unsupported_sharding)
 
 DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "
                      "it wraps, not those of the heads in the loss): launch with DDP.")
@@ -74,18 +72,12 @@ def _after_backward(fn) -> None:
 
 
 class HeadGradients:
-    """The heads' gradient averaging and the joint clip (the module docstring), for one run of a `MoCoSELoss`.
-
-    Attributes:
-        max_grad_norm: the Trainer's (set at `on_train_begin`); <= 0 clips nothing.
-        last_grad_norm: the joint pre-clip norm at the last optimizer step (0-dim tensor), or None.
-        reductions: all-reduces of head gradients so far (one per optimizer step under several processes).
-    """
+    """The heads' gradient averaging and the joint clip (the module docstring), for one run of a `MoCoSELoss`."""
 
     def __init__(self):
-        self.max_grad_norm = 0.0
-        self.last_grad_norm: Tensor | None = None
-        self.reductions = 0
+        self.max_grad_norm = 0.0  # the Trainer's (set at `on_train_begin`); <= 0 clips nothing
+        self.last_grad_norm: Tensor | None = None  # the joint pre-clip norm at the last optimizer step (0-dim)
+        self.reductions = 0  # all-reduces of head gradients so far (one per optimizer step under several processes)
         self._model_norm: Tensor | None = None
 
     def watch(self, loss: Tensor, model: nn.Module, heads: nn.Module) -> None:

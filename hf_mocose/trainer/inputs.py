@@ -60,16 +60,11 @@ def from_pretrained_kwargs(args) -> dict:
 
 def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = None,
                        field: str = "model") -> MoCoSEModel:
-    """The `MoCoSEModel` to train from what `MoCoSETrainer(model=...)` was given.
-
-    Args:
-        model: a `MoCoSEModel` (used as is); a model id or folder (or `builtin:all-MiniLM-L6-v2`): a MoCoSE
-            checkpoint, or an encoder a fresh MoCoSE model is built around with `args.model_config_kwargs()`,
-            loaded with `args.model_init_kwargs`; or a loaded `PreTrainedModel` encoder (copied, in its dtype).
-        args: `MoCoSETrainingArguments`.
-        fraternal_model_name_or_path: IFCL's fraternal model, for a fresh model built from an id or folder.
-        field: how errors name `model` (`scripts/train.py`: `model_name_or_path`).
-    """
+    """The `MoCoSEModel` to train from what `MoCoSETrainer(model=...)` was given: a `MoCoSEModel` (used as is); a
+    model id or folder (or `builtin:all-MiniLM-L6-v2`): a MoCoSE checkpoint, or an encoder a fresh MoCoSE model is
+    built around with `args.model_config_kwargs()` (and IFCL's `fraternal_model_name_or_path`), loaded with
+    `args.model_init_kwargs`; or a loaded `PreTrainedModel` encoder (copied, in its dtype). `field`: how errors
+    name `model` (`scripts/train.py`: `model_name_or_path`)."""
     if isinstance(model, MoCoSEModel):
         _warn_unused_init_kwargs(args, "a MoCoSEModel")
         return model
