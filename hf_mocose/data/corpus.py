@@ -40,15 +40,12 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
                    streaming: bool = False) -> Dataset | IterableDataset:
     """Loads training sentences as a `Dataset` with a `text` column (`text_column` renamed); blank ones are dropped.
 
-    Args:
-        train_file: one sentence per line (`.txt`), or a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
-            `text_column`; or `builtin:python_docs` for the offline corpus.
-        dataset_name: a `datasets` dataset (Hub name or local folder), used when `train_file` is None.
-        max_train_samples: keep only the first N sentences.
-        fraternal_column: IFCL's second text of each sentence (e.g. a translation), kept as `fraternal_text`.
-        positive_column: a given positive of each sentence (e.g. a paraphrase), kept as `positive_text`.
-        streaming: an `IterableDataset` read as training goes, for corpora that do not fit in memory: blank lines
-            are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for.
+    `train_file`: one sentence per line (`.txt`), a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
+    `text_column`, or `builtin:python_docs` (the offline corpus); else the `datasets` dataset `dataset_name` (Hub
+    name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column` (IFCL's second text,
+    e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as `fraternal_text` and
+    `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do not fit in memory:
+    blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for.
     """
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})

@@ -112,10 +112,8 @@ def aggregate_sets(per_set: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
 
 def evaluate_sts_task(encode: Callable[[list[str]], torch.Tensor], sets: dict[str, StsPairs],
                       aggregation: str = "all") -> dict:
-    """Scores one STS task with `encode` (sentences -> `(n, dim)` embeddings), each distinct sentence encoded once.
-
-    Returns ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (correlations x100; the
-    headline numbers follow `aggregation`).
+    """Scores one STS task with `encode` (sentences -> `(n, dim)` embeddings), each distinct sentence encoded once:
+    ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (x100; the headline follows `aggregation`).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")

@@ -20,15 +20,12 @@ AUGMENTATION_VIEWS = ("both", "online")
 
 class EmbeddingAugmentation:
     """MoCoSE Table 5's augmentations on the training views' word embeddings, vectorised over the batch; never
-    applied at evaluation time (`MoCoSEModel.embed` takes none).
-
-    Args:
-        shuffle: permute the token positions of each sentence ([CLS] and padding stay put), as shuffling position ids.
-        token_cutoff: rate of whole token vectors zeroed (never [CLS] or padding).
-        feature_cutoff: rate of embedding dimensions zeroed, the same dimensions for every token of a sentence.
-        generator: optional `torch.Generator` for reproducible draws.
-        views: `"both"` augments the online view and the key view (the target, or SimCSE/IFCL's second dropout
-            view), each with its own draw, as the reference code does; `"online"` the online view only.
+    applied at evaluation time (`MoCoSEModel.embed` takes none). `shuffle` permutes the token positions of each
+    sentence ([CLS] and padding stay put), as shuffling position ids; `token_cutoff` is the rate of whole token vectors
+    zeroed (never [CLS] or padding), `feature_cutoff` that of embedding dimensions zeroed (the same for every token of
+    a sentence); `generator`: an optional `torch.Generator`. `views="both"` augments the online view and the key view
+    (the target, or SimCSE/IFCL's second dropout view), each with its own draw, as the reference code does;
+    `"online"` the online view only.
     """
 
     def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None,

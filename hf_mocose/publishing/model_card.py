@@ -213,12 +213,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
         avg, avg_over = sum(sts[t]["spearman"] for t in STS_TEST_TASKS) / len(STS_TEST_TASKS), list(STS_TEST_TASKS)
     complete = set(STS_TEST_TASKS) <= set(avg_over)
     transfer_avg = flat.get("transfer_avg")
-    return {
-        "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
-        "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
-        "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
-        "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None,
-    }
+    return {"sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
+            "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
+            "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
+            "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None}
 
 
 DEFAULT_TEMPLATE = "mocose.md.j2"

@@ -283,8 +283,7 @@ class MoCoSELossCallback(EMATargetCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self._save_if_due(args, state, control.should_save)
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self._save_if_due(args, state, control.should_save)
+    on_epoch_end = on_step_end
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if self._training and args.save_strategy == SaveStrategy.BEST and state.global_step > 0:

@@ -154,8 +154,7 @@ def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
     """`(fsdp_version, zero_stage, mixed_precision)` that `accelerate launch` (its environment) or the training
     arguments (`fsdp`, `fsdp_config`, `deepspeed`, `bf16`/`fp16`) ask for, read before any model is built."""
     fsdp_version = zero_stage = None
-    plugin_args = getattr(args, "fsdp_plugin_args", None) if args is not None else None
-    if plugin_args:
+    if plugin_args := getattr(args, "fsdp_plugin_args", None):  # (None without args)
         fsdp_version = int(plugin_args.get("fsdp_version", 1))
     elif os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
         fsdp_version = int(os.environ.get("FSDP_VERSION", "1"))  # accelerate's own default
