@@ -61,17 +61,11 @@ def corpus_fingerprint(sentences: Iterable[str]) -> str:
 
 
 class UNAStatistics:
-    """Corpus TF-IDF statistics for UNA, all O(V) arrays indexed by vocabulary id.
-
-    Attributes:
-        vocabulary: words by id (first-appearance order in the corpus).
-        idf: ln(N / df(w)).
-        max_score: M(w), the largest tf-idf score of w over the corpus.
-        n_documents: N, the number of sentences (empty ones included).
-        fingerprint: `corpus_fingerprint` of the corpus, or None.
-        order / rank: ids sorted by ascending M (ties by id) and each id's position there.
-        cumulative: `[0, cumsum(M[order])]`, so the M-mass of a rank window is two lookups.
-    """
+    """Corpus TF-IDF statistics for UNA, all O(V) arrays indexed by vocabulary id: `vocabulary` (words by id, in
+    first-appearance order), `idf` = ln(N / df(w)), `max_score` M(w) (the largest tf-idf score of w over the corpus),
+    `n_documents` N (sentences, empty ones included), `fingerprint` (`corpus_fingerprint`, or None), `order` / `rank`
+    (ids sorted by ascending M, ties by id, and each id's position there) and `cumulative` = `[0, cumsum(M[order])]`,
+    so the M-mass of a rank window is two lookups."""
 
     def __init__(self, vocabulary: Sequence[str], idf: np.ndarray, max_score: np.ndarray,
                  n_documents: int, fingerprint: str | None = None):

@@ -78,14 +78,13 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         model: a `MoCoSEModel`; a model id or folder (`str`: a MoCoSE checkpoint, or an encoder a fresh MoCoSE
             model is built around with the *(model)* fields of `args`, loaded with `args.model_init_kwargs`);
             `builtin:all-MiniLM-L6-v2`; or a loaded `PreTrainedModel` encoder (see `hf_mocose.trainer.inputs`).
-        args: `MoCoSETrainingArguments`.
         train_dataset: raw sentences in a `text` column (optional `positive_text`), or tokenised ones (`input_ids`,
             `attention_mask`, ...; plus `text`, and any `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
         processing_class: the tokenizer; loaded with `AutoTokenizer` from where the model came from when omitted.
         compute_metrics: called at each evaluation with `EvalPrediction(predictions=cosine similarities (N,),
             label_ids=gold scores (N,))` of the STS pairs; its metrics are added with the key prefix.
-        **kwargs: passed to `Trainer`.
+        Other arguments are `Trainer`'s.
     """
 
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
