@@ -21,11 +21,8 @@ register_mocose_with_auto_classes()
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
     "MoCoSEConfig": ".models.modeling",  # (defined in .models.configuration; .models.modeling registers both)
-    "MoCoSEModel": ".models.modeling",
-    "MoCoSELoss": ".st_loss.loss",
-    "MoCoSETrainer": ".trainer.mocose_trainer",
-    "MoCoSETrainingArguments": ".trainer.training_args",
-    "export_to_sentence_transformers": ".publishing.export",
+    "MoCoSEModel": ".models.modeling", "MoCoSELoss": ".st_loss.loss", "MoCoSETrainer": ".trainer.mocose_trainer",
+    "MoCoSETrainingArguments": ".trainer.training_args", "export_to_sentence_transformers": ".publishing.export",
 }
 
 if TYPE_CHECKING:

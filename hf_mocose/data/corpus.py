@@ -45,8 +45,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column` (IFCL's second text,
     e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as `fraternal_text` and
     `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do not fit in memory:
-    blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for.
-    """
+    blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for."""
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
         dataset = dataset.to_iterable_dataset() if streaming else dataset
@@ -138,8 +137,7 @@ class ContrastiveCollator:
 
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
-    worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
-    """
+    worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs."""
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
         self.tokenizer, self.max_length = tokenizer, max_length

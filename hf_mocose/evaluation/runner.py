@@ -213,8 +213,7 @@ def load_encoder(path: str | Path, pooler: str | None = None, device: str | torc
     (float32 but for a sentence-transformers folder's own). `pooler` (``cls | cls_dense | mean``) overrides a MoCoSE
     checkpoint's sentence_pooling (plain HF default ``cls``); a sentence-transformers folder given one is read as a
     plain HF encoder. `device`: default CUDA when available. `max_length`: truncation in tokens, by default the
-    encoder's own limit (whole sentences, as SentEval).
-    """
+    encoder's own limit (whole sentences, as SentEval)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 

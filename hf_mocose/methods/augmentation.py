@@ -25,8 +25,7 @@ class EmbeddingAugmentation:
     zeroed (never [CLS] or padding), `feature_cutoff` that of embedding dimensions zeroed (the same for every token of
     a sentence); `generator`: an optional `torch.Generator`. `views="both"` augments the online view and the key view
     (the target, or SimCSE/IFCL's second dropout view), each with its own draw, as the reference code does;
-    `"online"` the online view only.
-    """
+    `"online"` the online view only."""
 
     def __init__(self, shuffle: bool = False, token_cutoff: float = 0.0, feature_cutoff: float = 0.0, generator=None,
                  views: str = "both"):

@@ -36,8 +36,7 @@ def score_correlation(predicted, gold) -> dict:
     """Spearman and Pearson (both x100) of `predicted` `(n,)` vs `gold` `(n,)`, plus the pair count `n`.
 
     `nan` for both when the predictions spread by at most `CONSTANT_SPREAD` or the gold scores are all equal;
-    a `ValueError` for fewer than 2 pairs or different lengths.
-    """
+    a `ValueError` for fewer than 2 pairs or different lengths."""
     from scipy.stats import pearsonr, spearmanr
 
     predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, dtype=np.float64)

@@ -50,8 +50,7 @@ class MoCoSEConfig(PretrainedConfig):
             its local folder. Set by `from_encoder` (see `base_model_id`) and kept by every checkpoint.
 
     Every argument but `encoder_config`, `fraternal_vocab_size` and the `base_*` two is a method setting,
-    keyword-only, declared once in `hf_mocose.models.settings.METHOD_SETTINGS` (name, default, help).
-    """
+    keyword-only, declared once in `hf_mocose.models.settings.METHOD_SETTINGS` (name, default, help)."""
 
     model_type = "mocose"
     sub_configs = {"encoder_config": AutoConfig}

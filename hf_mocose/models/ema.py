@@ -86,8 +86,7 @@ def ema_decay_at(step: int, total_steps: int, start: float, end: float, horizon:
     r"""The cosine-ramped EMA decay :math:`\eta(t) = \eta_{end} - (\eta_{end} - \eta_{start})(\cos(\pi t/T) + 1)/2`.
 
     `step` t counts optimizer steps from 0; the ramp reaches `end` at t = T and stays there. T is `horizon`
-    when given (the reference code's fixed 15,000 steps), else `total_steps`. `start == end`: a constant decay.
-    """
+    when given (the reference code's fixed 15,000 steps), else `total_steps`. `start == end`: a constant decay."""
     length = total_steps if horizon is None else horizon
     if length <= 0:
         return end
@@ -110,8 +109,7 @@ class EMATargetCallback(TrainerCallback):
     `model` names the pairs with `ema_parameter_pairs()` (the unwrapped `MoCoSEModel`, or a `MoCoSELoss`);
     `decay_start`/`decay_end`: eta at the first step and at the end of the ramp, which takes `horizon` optimizer
     steps (None: the run's `max_steps`). `pairs` holds the `EMATensorPairs` last collected, `last_decay` the decay
-    of the last update (or None).
-    """
+    of the last update (or None)."""
 
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
         self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon

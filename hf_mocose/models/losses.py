@@ -32,8 +32,7 @@ def info_nce_loss(queries: torch.Tensor, keys: torch.Tensor, temperature: float,
     sees), else `(G, D)` candidates (e.g. the global batch's keys), `keys[positive_index[i]]` being q_i's positive
     (`positive_index` `(B,)` long: in-batch negatives on). `extra_negatives` `(N, D)`: shared by all queries (the
     queue, hard negatives), weighted by `extra_negative_weights` `(N,)` w_l >= 0 (0 removes an entry, e.g. an empty
-    slot; default ones).
-    """
+    slot; default ones)."""
     q = F.normalize(queries.float(), dim=-1)
     k = F.normalize(keys.float(), dim=-1)
     if positive_index is None:
@@ -73,8 +72,7 @@ def twins_loss(anchor: torch.Tensor, identical: torch.Tensor, fraternal: torch.T
 
     The output-space gap between the identical twin (h+, a dropout view) and the fraternal twin (h-, the fused
     translation view) is held to their inputs' gap; `s` is cosine. `anchor`, `identical`, `fraternal`: `(B, D)`
-    outputs; `*_input`: `(B, H)` pooled input embeddings. Returns the scalar batch mean.
-    """
+    outputs; `*_input`: `(B, H)` pooled input embeddings. Returns the scalar batch mean."""
     def exp_cos(a, b):
         return torch.exp(F.cosine_similarity(a.float(), b.float(), dim=-1))
 

@@ -63,8 +63,7 @@ class MoCoSEModel(PreTrainedModel):
 
     Build one around a plain encoder with `MoCoSEModel.from_pretrained("bert-base-uncased")` (or
     `from_encoder`); reload a MoCoSE checkpoint with the same call. `embed` gives the sentence
-    embedding used for evaluation and export.
-    """
+    embedding used for evaluation and export."""
 
     config_class = MoCoSEConfig
     base_model_prefix = "mocose"
@@ -105,8 +104,7 @@ class MoCoSEModel(PreTrainedModel):
                      **config_kwargs) -> "MoCoSEModel":
         """Builds a fresh MoCoSE model around a pretrained encoder (a folder, Hub id or loaded model, whose dtype
         it takes; the queue stays fp32). Both encoders start as it, the pooler from its pooler when it has one.
-        `config_kwargs` are `MoCoSEConfig` fields; `fraternal_model_name_or_path` (IFCL) gives the fraternal table.
-        """
+        `config_kwargs` are `MoCoSEConfig` fields; `fraternal_model_name_or_path` (IFCL) gives the fraternal table."""
         pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:

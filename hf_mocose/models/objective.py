@@ -82,8 +82,7 @@ class FGSMPerturbation:
         """The "previous" perturbation `(B, L, H)` for embeddings of this shape, or None (first step).
 
         A sign of another shape (a short last batch, dynamic padding) is cropped or zero-filled: it belongs
-        to other sentences anyway (the reference code reuses the previous batch's), so only the shape must fit.
-        """
+        to other sentences anyway (the reference code reuses the previous batch's), so only the shape must fit."""
         if self.mode != "previous" or self.last_gradient_sign is None:
             return None
         sign = self.last_gradient_sign

@@ -39,8 +39,7 @@ def pool_sentence_embedding(last_hidden_state: torch.Tensor, attention_mask: tor
     (that state through `dense`, a Linear with no activation: the MoCoSE pooler) or `"mean"` (masked mean).
 
     In float32 (training and evaluation, autocast included) bit-identical to the masked mean / first token computed
-    by hand; half-precision states are averaged in float32 (sentence-transformers' rule), then cast back.
-    """
+    by hand; half-precision states are averaged in float32 (sentence-transformers' rule), then cast back."""
     check_sentence_pooling(mode)
     if mode == "cls_dense" and dense is None:
         raise ValueError("sentence_pooling='cls_dense' needs the pooler's dense layer, and none was given.")

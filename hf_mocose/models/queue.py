@@ -14,8 +14,7 @@ from torch.nn import functional as F
 class KeyQueue(nn.Module):
     """A ring buffer of L2-normalised keys, oldest overwritten first. The age of a slot (0 = newest) is
     `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask over the buffer, not a copy.
-    `capacity` K keys of width `dim` D; the queue starts with `init_size` K_s random unit vectors (0 <= K_s <= K).
-    """
+    `capacity` K keys of width `dim` D; the queue starts with `init_size` K_s random unit vectors (0 <= K_s <= K)."""
 
     def __init__(self, capacity: int, dim: int, init_size: int = 0):
         super().__init__()

@@ -182,8 +182,7 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     sentence-transformers `max_seq_length`, else the encoder's position limit: `hf_mocose.models.encoding`).
     `write_card`: README.md from the `model_cards/` template (`write_model_card`, given `card_kwargs`: repo_id,
     base_model, datasets, template, facts...), with the results of `eval_results` (JSON path or dict). `verify`:
-    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5.
-    """
+    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
     model, tokenizer = load_mocose_checkpoint(checkpoint)
@@ -241,8 +240,7 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
     """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
 
     `model_name` is the title (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags.
-    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments.
-    """
+    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
     from huggingface_hub import ModelCard
     from sentence_transformers import SentenceTransformer
 

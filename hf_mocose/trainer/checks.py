@@ -61,11 +61,10 @@ def hub_model_problem(repo_id: str, revision: str | None = None, subfolder: str 
 
     filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
     if constants.is_offline_mode():
-        if _in_cache(repo_id, filename, revision):
-            return None
-        return ("no such folder, and not a Hub id that can be reached offline (offline mode (HF_HUB_OFFLINE=1) is on "
-                "and it is not in the local Hugging Face cache). Give the path of a model folder, or download the "
-                "model while online first.")
+        return None if _in_cache(repo_id, filename, revision) else (
+            "no such folder, and not a Hub id that can be reached offline (offline mode (HF_HUB_OFFLINE=1) is on and "
+            "it is not in the local Hugging Face cache). Give the path of a model folder, or download the model while "
+            "online first.")
     try:
         get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token, timeout=HUB_CHECK_TIMEOUT_S)
     except (httpx.TransportError, OfflineModeIsEnabled) as err:

@@ -96,8 +96,7 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     """The tokenizer of `model` when `MoCoSETrainer` was given none, with `AutoTokenizer.from_pretrained`.
 
     Tried in order: `source` (with the location keywords of `args.model_init_kwargs`), the folder a MoCoSE
-    checkpoint was loaded from, the encoder's `_name_or_path`, the recorded base model; else a `ValueError`.
-    """
+    checkpoint was loaded from, the encoder's `_name_or_path`, the recorded base model; else a `ValueError`."""
     init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
     location = {k: init_kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in init_kwargs}
     # (`source` was checked with its location when the model was built from it.)

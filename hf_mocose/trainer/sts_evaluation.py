@@ -59,8 +59,7 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
 
     Only `embed_inputs` is MoCoSE's: `MoCoSEModel.embed` through `encode_with_model` with `tokenizer`, truncating at
     `max_length` tokens (None: the encoder's own limit). `name` prefixes the metrics (`{name}_spearman_cosine`,
-    correlations in [-1, 1]); the other arguments are `EmbeddingSimilarityEvaluator`'s.
-    """
+    correlations in [-1, 1]); the other arguments are `EmbeddingSimilarityEvaluator`'s."""
 
     def __init__(self, sentences1, sentences2, scores, tokenizer, max_length: int | None = None,
                  batch_size: int = 64, name: str = STS_EVALUATOR_NAME, write_csv: bool = True):

@@ -75,8 +75,7 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     stsb_dev_file (`str` or `None`): SentEval-layout `sts-dev.csv` scored during training as `eval_stsb_spearman`.
     eval_max_seq_length (`int` or `None`, defaults to `None`): tokens per sentence when `evaluate()` encodes STS
         pairs; None = the encoder's own limit (whole sentences, as SentEval); training keeps `max_seq_length`.
-    skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation.
-    """
+    skip_missing_stsb_dev (`bool`, defaults to `False`): a missing `stsb_dev_file` only disables evaluation."""
 
     __doc__ = __doc__.format(method_settings=describe(ARGS_SETTINGS, indent=4, mark_model=True))
     # Fields that take a dict, or a JSON string of one on the command line (TrainingArguments parses them).
