@@ -224,8 +224,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         if not recipe_path.is_file():
             raise FileNotFoundError(f"Recipe {str(recipe_path)!r} does not exist.")
         recipe = yaml.safe_load(recipe_path.read_text()) or {}
-        known = {action.dest for action in parser._actions}
-        if unknown := sorted(set(recipe) - known):
+        if unknown := sorted(set(recipe) - {action.dest for action in parser._actions}):
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
     auto_bf16 = _take_auto_bf16(argv, recipe)
     if recipe:
@@ -275,9 +274,7 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
         logger.warning("No STS-B dev file at %s: training without STS-B evaluation.", path)
         path = None
     if path is None:
-        args.stsb_dev_file = None
-        args.eval_strategy = "no"
-        args.load_best_model_at_end = False
+        args.stsb_dev_file, args.eval_strategy, args.load_best_model_at_end = None, "no", False
     return path
 
 

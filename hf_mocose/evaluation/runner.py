@@ -41,12 +41,9 @@ DISPLAY_NAMES = {
 }  # fmt: skip
 
 
-def task_files(senteval_dir: str | Path, task: str) -> list[Path]:
-    return sts_task_files(senteval_dir, task) if task in STS_TASKS else transfer_task_files(senteval_dir, task)
-
-
 def missing_files(senteval_dir: str | Path, task: str) -> list[Path]:
-    return [path for path in task_files(senteval_dir, task) if not path.is_file()]
+    files = sts_task_files(senteval_dir, task) if task in STS_TASKS else transfer_task_files(senteval_dir, task)
+    return [path for path in files if not path.is_file()]
 
 
 def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) -> tuple[list[str], dict[str, str]]:

@@ -38,8 +38,7 @@ TRAINER_ONLY = ("hard_negatives", "una_usage", "una_alpha", "una_window", "una_f
                 "token_shuffle", "token_cutoff", "feature_cutoff", "augmentation_views", "fraternal_model_name_or_path")
 
 
-def _unwrap(module: nn.Module) -> nn.Module:
-    """The module inside DDP / DataParallel / `torch.compile` wrappers."""
+def _unwrap(module: nn.Module) -> nn.Module:  # the module inside DDP / DataParallel / torch.compile wrappers
     return extract_model_from_parallel(module, keep_torch_compile=False)
 
 
