@@ -164,8 +164,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
             label = f"{label} #{i + 1}"
         results[label] = {"model": str(model), "encoder": encoder.describe(), **diagnose(encoder.encode, pairs)}
     print(f"STS-B {split}: {len(pairs)} pairs\n")
-    print("| Model | Alignment ↓ | Uniformity ↓ | Positive pairs | Sentences |")
-    print("|---|---|---|---|---|")
+    print("| Model | Alignment ↓ | Uniformity ↓ | Positive pairs | Sentences |\n|---|---|---|---|---|")
     for label, r in results.items():
         print(f"| {label} | {r['alignment']:.4f} | {r['uniformity']:.4f} | {r['n_positive_pairs']} | {r['n_sentences']} |")
     if args.plot:

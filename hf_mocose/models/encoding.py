@@ -107,8 +107,6 @@ def encode_with_model(model, tokenizer, sentences: list[str], batch_size: int = 
     """`(len(sentences), hidden)` float32 CPU embeddings from ``model.embed``, in order, as sentence-transformers
     encodes (length-sorted batches, eval mode, no gradient), truncated at `max_length` (default: the encoder's
     limit, not the training length). The model stays on its device; its train mode is given back."""
-    # Ours, not `SentenceTransformer.encode`: its Transformer module loads a model from a folder; it cannot
-    # take the live model the trainer is training (on its device, unwrapped, its train mode given back).
     if not sentences:
         raise ValueError("nothing to encode: the sentence list is empty")
     max_length = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config, max_length)

@@ -188,9 +188,8 @@ class MoCoSEModel(PreTrainedModel):
         online = (self.online_encoder, self.online_pooler, self.online_projection)
         shared = self.online_encoder.get_input_embeddings().weight
         copied_online, copied_target = self._shared_embedding_module_tensors()
-        online_p, target_p, online_b, target_b = ema_tensor_pairs(
-            zip(online, self.target_modules()), skip=[shared, *copied_online]
-        )
+        online_p, target_p, online_b, target_b = ema_tensor_pairs(zip(online, self.target_modules()),
+                                                                  skip=[shared, *copied_online])
         return online_p, target_p, online_b + copied_online, target_b + copied_target
 
     def _shared_embedding_module_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -90,9 +90,8 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
         train.pop("max_steps")  # the epochs decide
     if "load_best_model_at_end" in train:
         metric = recorded.get("metric_for_best_model")
-        best = train["load_best_model_at_end"]
-        train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)" if best
-                                           else "the last step's")
+        train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)"
+                                           if train["load_best_model_at_end"] else "the last step's")
     return [(TRAINING_FIELDS[name], _spelled_out(value)) for name, value in train.items()]
 
 
