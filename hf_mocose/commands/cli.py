@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
 def is_user_error(err: BaseException) -> bool:
     """Whether `err` is a deliberate message about the user's settings or files (see the module docstring)."""
     from ..publishing.hub import HubPushError
-
     expected = (ValueError, FileNotFoundError, NotADirectoryError, HubPushError)
     if not isinstance(err, expected) or err.__traceback__ is None:
         return False

@@ -22,7 +22,6 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
     """English sentences from the Python documentation that ships with every CPython (`pydoc_data.topics`): a corpus
     on any fresh install, for smoke runs and the offline quickstart; technical prose, no substitute for wiki1m."""
     from pydoc_data.topics import topics
-
     text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
     sentences, seen = [], set()
     for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):

@@ -41,7 +41,6 @@ def register(subparsers) -> None:
     """Adds the `evaluate` and `diagnose` sub-commands to the `hf-mocose` parser."""
     from hf_mocose.evaluation.runner import ALL_TASKS, DEFAULT_GROUP, TASK_GROUPS
     from hf_mocose.evaluation.sts import AGGREGATIONS
-
     evaluate = subparsers.add_parser(
         "evaluate",
         help="STS (Spearman x100) and SentEval transfer tasks for a MoCoSE, sentence-transformers or HF encoder",
@@ -98,7 +97,6 @@ def _check_batch_size(batch_size: int) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from hf_mocose.evaluation.runner import load_encoder, markdown_table, resolve_tasks, run_tasks
-
     _check_batch_size(args.batch_size)
     # Resolve tasks before loading the model: a typo should fail in a second, not after a load.
     tasks, skipped = resolve_tasks(args.senteval_dir, args.tasks)
@@ -143,7 +141,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
 def run_diagnose(args: argparse.Namespace) -> int:
     from hf_mocose.evaluation.sts import diagnose, load_stsb_for_diagnostics, plot_spectra
     from hf_mocose.evaluation.runner import load_encoder
-
     _check_batch_size(args.batch_size)
     n = len(args.models)
     poolers = args.pooler or [None]

@@ -213,7 +213,6 @@ def load_encoder(path: str | Path, pooler: str | None = None, device: str | torc
     encoder's own limit (whole sentences, as SentEval)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
-
     if pooler is not None:
         check_sentence_pooling(pooler)
     device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))

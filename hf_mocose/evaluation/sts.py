@@ -177,10 +177,8 @@ def diagnose(encode: Callable[[list[str]], torch.Tensor], pairs: StsPairs, posit
 def plot_spectra(spectra: dict[str, list[float]], path: str | Path, title: str = "") -> str:
     """Draws one normalised singular-value curve per model (log y axis) into a PNG at `path`."""
     import matplotlib
-
     matplotlib.use("Agg")  # no display on training machines
     import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for label, values in spectra.items():
         ax.plot(np.arange(1, len(values) + 1), values, label=label, linewidth=1.5)

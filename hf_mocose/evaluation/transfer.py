@@ -100,7 +100,6 @@ def _fit_cv(X: np.ndarray, y: np.ndarray, seed: int, inner_folds: int):
     """Logistic regression on `(n, d)` features with C chosen by stratified inner k-fold, refit on all of X."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
-
     cv = StratifiedKFold(n_splits=inner_folds, shuffle=True, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence / future warnings from sklearn
@@ -111,7 +110,6 @@ def _fit_cv(X: np.ndarray, y: np.ndarray, seed: int, inner_folds: int):
 def kfold_accuracy(X, y, seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Mean test accuracy x100 over an outer stratified `kfold` split of `(n, d)` features `X`."""
     from sklearn.model_selection import StratifiedKFold
-
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
     accuracies = []
     for train, test in StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(X, y):
@@ -133,7 +131,6 @@ def train_test_accuracy(X_train, y_train, X_test, y_test, seed: int = DEFAULT_SE
 def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int = DEFAULT_SEED) -> dict:
     """C picked on dev accuracy, accuracy x100 on test (SST-2)."""
     from sklearn.linear_model import LogisticRegression
-
     X_train, X_dev, X_test = (np.asarray(a, dtype=np.float64) for a in (X_train, X_dev, X_test))
     best = None
     for C in SENTEVAL_CS:
@@ -187,6 +184,5 @@ def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval
     F_te = np.c_[np.abs(A_te - B_te), A_te * B_te]
     result = train_test_accuracy(F_tr, y_tr, F_te, y_te, seed, inner_folds)
     from sklearn.metrics import f1_score
-
     result["f1"] = 100 * float(f1_score(y_te, result.pop("predicted")))
     return result

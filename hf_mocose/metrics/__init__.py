@@ -23,7 +23,6 @@ def sts_correlation_path() -> str:
 def load_sts_correlation(**kwargs):
     """`evaluate.load` of the STS correlation metric, offline."""
     import evaluate
-
     return evaluate.load(sts_correlation_path(), **kwargs)
 
 
@@ -38,7 +37,6 @@ def score_correlation(predicted, gold) -> dict:
     `nan` for both when the predictions spread by at most `CONSTANT_SPREAD` or the gold scores are all equal;
     a `ValueError` for fewer than 2 pairs or different lengths."""
     from scipy.stats import pearsonr, spearmanr
-
     predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if predicted.shape != gold.shape:
         raise ValueError(f"{predicted.shape[0]} predictions for {gold.shape[0]} gold scores")

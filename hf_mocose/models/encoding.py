@@ -30,7 +30,6 @@ def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None)
         return None  # a plain encoder folder: no need to import sentence-transformers
     from sentence_transformers.sentence_transformer.modules import Transformer
     from sentence_transformers.util import load_file_path
-
     try:
         if (modules_file := load_file_path(name_or_path, "modules.json")) is None:
             return None

@@ -51,7 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from .export import export_to_sentence_transformers
-
     card_kwargs = {}
     if not args.no_card:
         card_kwargs = dict(repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets,
@@ -69,7 +68,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_push(args: argparse.Namespace) -> int:
     from .hub import HubPushError, push_export
-
     try:
         result = push_export(args.output_dir, args.repo_id, private=args.private or None, revision=args.revision,
                              commit_message=args.commit_message, dry_run=args.dry_run)

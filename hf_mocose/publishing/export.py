@@ -82,7 +82,6 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
 def _encoder_load_kwargs(encoder: nn.Module) -> dict:
     """What AutoModel needs to rebuild `encoder` without the pooler MoCoSE drops (`add_pooling_layer=False`)."""
     import inspect
-
     if getattr(encoder, "pooler", "absent") is not None:  # no pooler attribute, or one that is kept
         return {}
     if "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters:
@@ -96,7 +95,6 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
     """The `SentenceTransformer` equivalent of `model.embed` at `max_seq_length`; its encoder saved in `staging_dir`."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
-
     config = model.config
     encoder = model.online_encoder
     model_kwargs = _encoder_load_kwargs(encoder)
@@ -138,7 +136,6 @@ def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_lengt
     max abs difference. A `RuntimeError` above `atol` (raised, for bf16/fp16, to two rounding steps at the largest
     magnitude) or when the export truncates at another length."""
     from sentence_transformers import SentenceTransformer
-
     reloaded = SentenceTransformer(str(export_dir), device="cpu")
     sentences = probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length)
     exported = reloaded.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
@@ -243,7 +240,6 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
     `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
     from huggingface_hub import ModelCard
     from sentence_transformers import SentenceTransformer
-
     export_dir = Path(export_dir)
     config = (_read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
     facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}

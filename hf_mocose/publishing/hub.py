@@ -45,7 +45,6 @@ def validate_repo_id(repo_id: str) -> str:
     """`repo_id` if a valid `namespace/name` (a bare name would land in the token's account); else a `ValueError`."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
-
     valid = isinstance(repo_id, str) and repo_id.count("/") == 1
     try:
         if valid:
@@ -62,7 +61,6 @@ def validate_repo_id(repo_id: str) -> str:
 def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | None = None) -> list[tuple[str, int]]:
     """`(path_in_repo, size)` for every file `upload_folder` would send, with the same filtering."""
     from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
-
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"Folder to upload {str(folder)!r} does not exist.")
@@ -74,7 +72,6 @@ def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | No
 def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple[str, ...] = ()) -> list[str]:
     """The files of `existing` the push owns (`folders`; `export_root`: the export's) that `uploaded` lacks, sorted."""
     from huggingface_hub.utils import filter_repo_objects
-
     uploaded = set(uploaded)
     patterns = [f"{folder.strip('/')}/*" for folder in folders if folder.strip("/")]
     if export_root:
@@ -87,7 +84,6 @@ def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple
 def hub_errors(what: str, repo_id: str, token: str | None):
     """Turns any failure of the calls inside into a `HubPushError` naming `what` and `repo_id`, token scrubbed."""
     from huggingface_hub.errors import HfHubHTTPError
-
     try:
         yield
     except Exception as err:  # HTTP errors, connection refused, timeouts (httpx errors are no OSError)
@@ -102,7 +98,6 @@ def hub_errors(what: str, repo_id: str, token: str | None):
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
     """An `HfApi` for uploads (token resolved, offline refused); one per `owner`, endpoint, token: pushes in order."""
     from huggingface_hub import HfApi, constants, get_token
-
     if constants.is_offline_mode():
         raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
     if not (token := token or get_token()):
@@ -121,7 +116,6 @@ def upload_folders(repo_id: str, folders: list[tuple], *, commit_message: str, w
     `run_as_future` its `Future`); errors are `HubPushError`s naming `what` and the repo."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
     from huggingface_hub.errors import RevisionNotFoundError
-
     validate_repo_id(repo_id)
     api = hub_api(token, endpoint, owner)
     adds = [CommitOperationAdd(path_in_repo=f"{prefix.strip('/')}/{path}" if prefix else path,
@@ -216,7 +210,6 @@ def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: i
     """Writes the sentence-transformers export of `final_dir` with the live run's card (`card_facts`); returns it."""
     from .export import export_to_sentence_transformers
     from .model_card import card_facts
-
     output_dir = Path(trainer.args.output_dir)
     return export_to_sentence_transformers(
         final_dir, Path(export_dir or output_dir / "sentence-transformers"), overwrite=True,
@@ -274,7 +267,6 @@ class HubPublishingMixin:
 
     def _push_from_checkpoint(self, checkpoint_folder):
         from transformers.utils.hub import PushInProgress
-
         if not self.is_world_process_zero() or checkpoint_path_in_repo(self.args.hub_strategy, checkpoint_folder) is None:
             return
         if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
@@ -303,7 +295,6 @@ class HubPublishingMixin:
         are a `TypeError` before anything is saved). Returns the `CommitInfo` (with `blocking=False` its `Future`)
         on the main process, None on the others."""
         from .model_card import card_kwargs_from_trainer_keywords
-
         if unknown := sorted(set(kwargs) - set(PUSH_TO_HUB_KEYWORDS)):
             raise TypeError(f"push_to_hub() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
                             f"takes commit_message, blocking, token, revision, private, {', '.join(PUSH_TO_HUB_KEYWORDS)}.")

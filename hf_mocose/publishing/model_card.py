@@ -87,7 +87,6 @@ def card_facts(trainer) -> dict[str, Any]:
     """The card's facts of a live run (see the module), as `save_card_facts` writes them; the hardware is
     'N x <GPU name>' or 'N x CPU process(es)'."""
     import torch
-
     world = getattr(trainer.args, "world_size", 1)
     return {"training_args": as_record(trainer.args), "training_data": getattr(trainer, "training_data", None),
             **state_facts(vars(trainer.state)), "global_batch_size": getattr(trainer, "global_batch_size", None),
@@ -254,7 +253,6 @@ def mocose_eval_results(results: dict[str, Any]) -> list:
     """`EvalResult`s of `read_eval_results`' dict as `EmbeddingSimilarityEvaluator` names them on every sentence-
     transformers model: `spearman_cosine` / `pearson_cosine` in [-1, 1] ("Semantic Similarity"); transfer `accuracy`."""
     from huggingface_hub import EvalResult
-
     sts = dict(task_type="semantic-similarity", task_name="Semantic Similarity")
     evals = [EvalResult(**sts, dataset_type=task, dataset_name=f"{TASK_NAMES[task]} (SentEval)",
                         dataset_split="validation" if task == "stsb_dev" else "test", metric_type=f"{metric}_cosine",
@@ -282,7 +280,6 @@ class MoCoSEModelCardData(SentenceTransformerModelCardData):
 
     def to_dict(self) -> dict[str, Any]:
         from huggingface_hub.repocard_data import eval_results_to_model_index
-
         data = super().to_dict()  # also cached for `to_yaml`, which reads the same dict
         if self.eval_results:
             data["model-index"] = eval_results_to_model_index(self.model_name, self.eval_results)
@@ -300,7 +297,6 @@ def training_data_tables(training_data: dict[str, Any] | None) -> dict[str, str]
     (columns = the data's columns, cells through its own example formatting)."""
     from sentence_transformers.base.model_card import BaseModelCardData
     from transformers.modelcard import make_markdown_table
-
     if not training_data:
         return None
     lengths, column = training_data["token_lengths"], training_data["columns"][0]

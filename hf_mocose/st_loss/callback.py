@@ -171,7 +171,6 @@ def check_streamed_data(dataset, args=None) -> None:
     shards of the stream (accelerate does it with `dispatch_batches=False`: sentence-transformers batches raw
     text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches."""
     from datasets import IterableDataset
-
     world = get_world_size()
     if not isinstance(dataset, IterableDataset) or world < 2 or args is None:
         return

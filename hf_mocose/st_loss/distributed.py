@@ -33,7 +33,6 @@ def refuse_sharded_loss_launch() -> None:
     `refuse_unsupported_launch`); read from the accelerator, else from the launch environment (also when the loss
     is built, before `prepare()`)."""
     from accelerate.state import AcceleratorState, is_initialized
-
     fsdp_version, zero_stage, _ = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
     refuse_unsupported_sharding("MoCoSELoss", fsdp_version, None, fsdp2_supported=False)
     if zero_stage is not None:
@@ -47,7 +46,6 @@ def refuse_unsupported_launch(args) -> None:
     and clip the model alone, not the heads and target the loss keeps), fp16 loss scaling under a gradient clip."""
     from accelerate.state import AcceleratorState, is_initialized
     from accelerate.utils import DistributedType
-
     refuse_sharded_loss_launch()
     if is_initialized() and AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
         raise ValueError(DEEPSPEED_REFUSAL)

@@ -26,7 +26,6 @@ def check_model_source(name_or_path: str, field: str = "model_name_or_path", loc
     Hub (offline: the local cache) has. `location`: `revision`, `subfolder`, `token`, as `from_pretrained` takes."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
-
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         check_weights_complete(path, action="start from")
@@ -46,7 +45,6 @@ def check_model_source(name_or_path: str, field: str = "model_name_or_path", loc
 
 def _in_cache(repo_id: str, filename: str, revision: str | None) -> bool:
     from huggingface_hub import try_to_load_from_cache
-
     return isinstance(try_to_load_from_cache(repo_id, filename, revision=revision), str)
 
 
@@ -58,7 +56,6 @@ def hub_model_problem(repo_id: str, revision: str | None = None, subfolder: str 
     from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RemoteEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
     from huggingface_hub.utils import get_token, httpx
-
     filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
     if constants.is_offline_mode():
         return None if _in_cache(repo_id, filename, revision) else (

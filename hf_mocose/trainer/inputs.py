@@ -167,7 +167,6 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
     was given; the description (for the model card) is taken before tokenising, while the raw text is there."""
     from .training_args import MoCoSETrainingArguments
-
     if not isinstance(args, MoCoSETrainingArguments):
         raise TypeError(f"MoCoSETrainer needs args=MoCoSETrainingArguments(...) (the method's settings), "
                         f"got {type(args).__name__}.")
@@ -189,7 +188,6 @@ def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
     """`Trainer.__init__`'s `align_special_tokens`, run first without the announcement it makes for a fresh model."""
     from transformers.trainer_utils import align_special_tokens
     from transformers.utils import logging as transformers_logging
-
     if processing_class is None:
         return
     announcer = transformers_logging.get_logger("transformers.trainer_utils")
@@ -205,7 +203,6 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
     """With nothing to score (no `eval_dataset`, no `stsb_dev_file`), the default `eval_strategy="steps"` is
     turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
     from transformers.trainer_utils import IntervalStrategy
-
     strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
     if eval_dataset is not None or args.stsb_dev_file or strategy == "no":
         return

@@ -80,7 +80,6 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
     def pair_similarities(self) -> np.ndarray:
         """`(N,)` cosine similarity of each pair at the last call: what the correlations were computed on."""
         from sentence_transformers.util import pairwise_cos_sim
-
         first, second = self.embeddings
         return pairwise_cos_sim(first, second).detach().cpu().numpy()
 

@@ -177,7 +177,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     def _validate_family_settings(self) -> None:
         from ..methods.augmentation import EmbeddingAugmentation
         from ..methods.una import validate_una_alpha, validate_una_frequency, validate_una_window
-
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,
                               views=self.augmentation_views)  # validates the rates and views

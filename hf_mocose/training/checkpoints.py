@@ -295,7 +295,6 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
 def _model_fields(config) -> dict:
     """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
     from ..models.configuration import MODEL_CONFIG_FIELDS
-
     flat = _flat_config(config.to_dict())
     return {k: v for k, v in flat.items()
             if k in MODEL_CONFIG_FIELDS or k == "fraternal_vocab_size" or k.startswith("encoder_config.")}
@@ -305,7 +304,6 @@ def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, t
     """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ; returns the
     `MODEL_CONFIG_FIELDS` that differ without changing a shape, `{field: (checkpoint, model)}`, to warn about."""
     from ..models.configuration import MODEL_CONFIG_FIELDS
-
     checkpoint = Path(checkpoint)
     # Read back through the config class, so that defaults left out of config.json compare equal.
     saved = _model_fields(type(model.config).from_pretrained(checkpoint))

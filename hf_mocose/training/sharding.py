@@ -124,7 +124,6 @@ def refuse_unsupported_sharding(owner: str, fsdp_version: int | None, zero_stage
 def accelerator_sharding(state) -> tuple[int | None, int | None, str]:
     """`(fsdp_version, zero_stage, mixed_precision)` of an `AcceleratorState` (None for what is not in use)."""
     from accelerate.utils import DistributedType
-
     plugin = getattr(state, "fsdp_plugin", None)
     fsdp_version = getattr(plugin, "fsdp_version", 1) if state.distributed_type == DistributedType.FSDP else None
     deepspeed = getattr(state, "deepspeed_plugin", None) if state.distributed_type == DistributedType.DEEPSPEED else None
@@ -195,7 +194,6 @@ class ShardedModelCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-
         if not isinstance(model, FSDPModule):
             return
         if not getattr(model, "_hf_mocose_fsdp_embed", False):
