@@ -136,7 +136,8 @@ class ContrastiveCollator:
 
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
-    worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs."""
+    worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
+    """
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
         self.tokenizer, self.max_length = tokenizer, max_length
