@@ -7,8 +7,11 @@ the report names.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
+import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -197,3 +200,17 @@ class RunContext:
 def check_result(passed: bool, value, tolerance, measure: str, **detail) -> dict:
     """One check's record: `passed`, the measured `value` against `tolerance` (what both are: `measure`)."""
     return {"passed": bool(passed), "value": value, "tolerance": tolerance, "measure": measure, "detail": detail}
+
+
+def run_own_session(argv: list[str], timeout: float, what: str, **popen) -> int:
+    """Runs `argv` in a session of its own and returns its exit status. Past `timeout` seconds the whole process
+    group goes (compile workers, a launcher's children), not only the child, and a `TimeoutError` names `what`."""
+    child = subprocess.Popen(argv, start_new_session=True, **popen)
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"{what} ran past its {timeout:.0f} s") from None
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -179,17 +177,10 @@ def check_fsdp(ctx, reference: dict, script: Path, seconds: float) -> dict:
             "sizes": asdict(ctx.sizes), "seconds": seconds, "out": str(out)}
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    # Its own session: on a timeout the whole group goes (compile workers included), not only the child.
-    child = subprocess.Popen([sys.executable, str(script), "--_fsdp_child", json.dumps(spec)], env=env,
-                             start_new_session=True)
-    try:
-        code = child.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        raise TimeoutError(f"the FSDP2 process ran past its {seconds:.0f} s") from None
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+    from scripts.gpu_check.context import run_own_session
+
+    code = run_own_session([sys.executable, str(script), "--_fsdp_child", json.dumps(spec)], seconds,
+                           "the FSDP2 process", env=env)
     if code != 0 or not out.is_file():
         raise RuntimeError(f"the FSDP2 process exited with code {code} (its output is above)")
     sharded = torch.load(out, weights_only=True)

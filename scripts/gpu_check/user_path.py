@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository:
 
 from scripts import REPO  # noqa: E402
 from scripts.gpu_check import carry as carried  # noqa: E402
+from scripts.gpu_check.context import run_own_session  # noqa: E402
 
 RECIPE = "training_args/quickstart.yaml"
 ACCELERATE_CONFIG = "configs/accelerate/default.yaml"
@@ -64,16 +64,8 @@ def run_quickstart(argv: list[str], output_dir: Path, timeout: float, env: dict 
     log_path = output_dir.parent / f"{output_dir.name}.log"
     start = time.monotonic()
     with log_path.open("w", encoding="utf-8") as log:
-        child = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                                 start_new_session=True)
-        try:
-            code = child.wait(timeout=max(timeout, 1))
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the quickstart ran past its {timeout:.0f} s") from None
-        finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+        code = run_own_session(argv, max(timeout, 1), "the quickstart", cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                               env=env or os.environ.copy())
     wall = time.monotonic() - start
     text = log_path.read_text(encoding="utf-8", errors="replace")
     if code != 0:
