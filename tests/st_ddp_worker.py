@@ -56,7 +56,7 @@ def main():
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     joint_norm = loss.callback.head_gradients.last_grad_norm
     torch.save({"state": state, "losses": losses, "world_size": trainer.args.world_size, "grads": gradients.steps,
-                "head_reductions": loss.callback.head_gradients.reductions, "all_reduces": len(all_reduces),
+                "head_reductions": loss.callback.head_gradients.reductions, "all_reduces": len(all_reduces), "logged_steps": len(losses),
                 "joint_norm": None if joint_norm is None else joint_norm.item()},
                os.path.join(out_dir, f"rank{rank}.pt"))
     print(json.dumps({"rank": rank, "world_size": trainer.args.world_size, "losses": losses}), flush=True)
