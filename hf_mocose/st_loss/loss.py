@@ -77,8 +77,8 @@ class MoCoSELoss(nn.Module):
     The positive is the sentence itself (one text column) or the second column of (anchor, positive) pairs.
     Its negatives are the queue and, with `in_batch_negatives`, the other keys of the global batch. The
     trainer saves the model with its own pooling; heads, target and queue go into each checkpoint's
-    `mocose_loss/` folder. `method="simcse"` and `method="ifcl"` (without the fraternal view) run here too;
-    what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
+    `mocose_loss/` folder. `method="simcse"`, `"ifcl"` (without the fraternal view) and `"esimcse"` run here too,
+    and `word_repetition_rate` repeats words of the positive column's tokens; what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
 
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
