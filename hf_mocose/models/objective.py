@@ -162,7 +162,7 @@ class ContrastiveObjective:
     """The training step of every method; the methods differ only in `config`.
 
     Args:
-        config: what the method is: `method` ("mocose", "simcse", "ifcl"), `contrastive_temperature`,
+        config: what the method is: `method` ("mocose", "simcse", "ifcl", "esimcse"), `contrastive_temperature`,
             `in_batch_negatives`, `keys_from_target`, `uses_queue` (a `MoCoSEConfig`).
         fgsm: the FGSM settings and the "previous" sign (`FGSMPerturbation`; mode "off" for no FGSM).
         queue_age_slices: age ranges of the queue used as negatives (`queue_slice`), or None for all.
