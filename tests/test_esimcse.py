@@ -78,7 +78,10 @@ def test_esimcse_under_the_trainer_queues_the_momentum_encoders_anchors(tiny_enc
         anchors = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).query
     assert torch.allclose(out.target_embedding, anchors, atol=1e-5)  # target == online at step 0, online heads
     assert not torch.allclose(out.key, out.query, atol=1e-4)  # the key is the repeated copy
+    before = [p.detach().clone() for p in model.online_encoder.parameters()]
     trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.online_encoder.parameters()))
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
     assert torch.allclose(model.queue.newest_first()[:4], F.normalize(out.target_embedding, dim=1).flip(0), atol=1e-5)
     online, target, _, _ = model.ema_parameter_pairs()
     assert len(online) == len(target) == len(list(p for n, p in model.target_encoder.named_parameters()

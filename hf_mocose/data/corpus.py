@@ -137,7 +137,7 @@ class ContrastiveCollator:
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
-    `repeat_positives(token rows, rng) -> token rows` makes each sentence's positive (its given positive, else
+    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive (its given positive, else
     itself; ESimCSE's word repetition, `hf_mocose.methods.augmentation.repeat_words`), padded to its longest row.
     """
 
@@ -165,7 +165,7 @@ class ContrastiveCollator:
                 ids = [list(row["input_ids"]) for row in rows]
                 rng = np.random.default_rng([self.seed, zlib.crc32(np.asarray(sum(ids, []), np.int64).tobytes())])
                 rows = [{"input_ids": r, "attention_mask": [1] * len(r), **({"token_type_ids": [0] * len(r)}
-                         if "token_type_ids" in rows[0] else {})} for r in self.repeat_positives(ids, rng)]
+                         if "token_type_ids" in rows[0] else {})} for r in self.repeat_positives(ids, rng=rng)]
                 padder = DataCollatorWithPadding(self.tokenizer, "longest")
             batch.update({f"positive_{name}": tensor for name, tensor in padder(rows).items()})
         if self.una_augmenter is not None:

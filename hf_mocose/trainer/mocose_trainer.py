@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -99,8 +100,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             raise ValueError(f"A fraternal view is IFCL's: set method='ifcl' (got {config.method!r}).")
         if data_collator is None:
             # The fraternal view is fused position by position: anchors padded to the same fixed length.
-            rate = args.word_repetition_rate
-            repeat = (lambda rows, rng: repeat_words(rows, rate, rng)) if rate else None
+            repeat = partial(repeat_words, rate=args.word_repetition_rate) if args.word_repetition_rate else None
             data_collator = ContrastiveCollator(processing_class, config.max_seq_length, args.pad_to_max_length or
                                                 fraternal, una_augmenter=una, seed=args.seed, repeat_positives=repeat)
         if eval_dataset is None and args.stsb_dev_file and args.eval_strategy != "no":
