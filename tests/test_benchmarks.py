@@ -219,6 +219,33 @@ def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev,
         quality.main(["--merge", str(tmp_path / "seed0.json"), str(tmp_path / "other.json")])
 
 
+def test_benchmark_quality_runs_the_field_in_one_command(tiny_encoder, corpus, sts_dev, tmp_path):
+    """Issue 36: this library's methods and sentence-transformers' own unsupervised recipes, one command, one table."""
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
+    variants = ["mocose", "simcse", "esimcse", "st_mnrl", "st_tsdae", "st_ct", "st_cmnrl"]
+    summary = quality.main([
+        "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
+        "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--max_train_samples", "64", "--clock", "cpu",
+        "--output_dir", str(tmp_path / "runs"), "--markdown", str(tmp_path / "field.md"), "--variants", *variants,
+    ])
+    assert list(summary["variants"]) == variants
+    details = summary["details"]
+    assert all(run["steps"] >= 1 for name in variants for run in details[name])
+    assert details["st_cmnrl"][0]["sentences"] == 4 * train_variants.CMNRL_BATCH_FACTOR * details["st_cmnrl"][0]["steps"]
+    table = (tmp_path / "field.md").read_text()
+    assert all(f"| {name} |" in table for name in variants)
+
+
+def test_tsdae_noise_needs_no_download_and_deletes_at_its_ratio():
+    sentences = [" ".join(f"w{i}" for i in range(50))] * 40 + ["one", ""]
+    noisy = train_variants.delete_words(sentences, 0.6, seed=0)
+    assert noisy == train_variants.delete_words(sentences, 0.6, seed=0)  # seeded
+    kept = [len(n.split()) / 50 for n in noisy[:40]]
+    assert 0.3 < sum(kept) / len(kept) < 0.5  # about 40 % of the words kept
+    assert all(set(n.split()) <= set(sentences[0].split()) for n in noisy[:40])
+    assert noisy[40] == "one" and noisy[41] == ""  # at least one word stays; nothing to delete in an empty line
+
+
 def test_quality_variant_specs():
     # the SimCSE baseline keeps the paper's heads whatever the library defaults are
     assert quality.parse_variant("simcse") == (

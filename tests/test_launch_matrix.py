@@ -42,9 +42,11 @@ STS_ROWS = [("5.0", "A man is playing a guitar.", "A man plays the guitar."),
 # What each shipped config does with each method as the recipes are written (no bf16: true): a refusal (regex of
 # its one line), or nothing (it trains).
 REFUSED = {
-    ("mocose", "zero2"): r"method='mocose' does not support DeepSpeed \(ZeRO stage 2\) with mixed_precision bf16: "
-                         r"DeepSpeed casts the whole model to bf16, the EMA target included.* Use FSDP2 .* or DDP",
-    ("mocose", "zero3"): r"method='mocose' does not support DeepSpeed ZeRO stage 3 .* shard with FSDP2 instead",
+    **{(method, "zero2"): rf"method='{method}' does not support DeepSpeed \(ZeRO stage 2\) with mixed_precision bf16: "
+                          r"DeepSpeed casts the whole model to bf16, the EMA target included.* Use FSDP2 .* or DDP"
+       for method in ("mocose", "esimcse")},  # methods with an EMA target
+    **{(method, "zero3"): rf"method='{method}' does not support DeepSpeed ZeRO stage 3 .* shard with FSDP2 instead"
+       for method in ("mocose", "esimcse")},
     **{(method, "zero2"): r"DeepSpeed with mixed_precision bf16 .* needs bf16: true .* add --bf16 true"
        for method in ("simcse", "ifcl")},
     **{(method, "zero3"): r"hf-mocose does not support DeepSpeed ZeRO stage 3: .* Shard with FSDP2 instead"
@@ -56,7 +58,8 @@ ROW_REFUSED = {f"ablations/mtd-targets-extra/{run}": r"target_mtd=\d+(\.\d+)? ne
                r"with global batch 128, but queue_size is 1024\. Raise queue_size" for run in ("d-14.67", "d-18")}
 # The default run: the paper recipes under FSDP2, and one recipe under each other engine.
 FAST = {("quickstart", ONE_PROCESS), ("mocose-bert-base", "fsdp2"), ("mocose-bert-large", "fsdp2"), ("mocose-una-bert-base", "fsdp2"),
-        ("mocose-bert-base", "ddp"), ("mocose-bert-base", "zero2"), ("mocose-bert-base", "zero3")}
+        ("mocose-bert-base", "ddp"), ("mocose-bert-base", "zero2"), ("mocose-bert-base", "zero3"),
+        ("esimcse-bert-base", "ddp"), ("esimcse-bert-base", "fsdp2")}
 NO_DEEPSPEED = ("DeepSpeed is not installed: `accelerate launch` needs it for configs/accelerate/zero*.yaml "
                 "(pip install deepspeed; on CPU tests/fsdp_worker.py's shim runs it over gloo)")
 

@@ -252,6 +252,20 @@ def test_method_family_switches_and_citations(run, tmp_path):
     assert "EMA ramp length" not in text and "UNA sentences used as" not in text  # not recorded: not claimed
 
 
+def test_esimcse_is_cited_and_its_repetition_rate_shown(run, tmp_path):
+    _, export, _ = run
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    config = json.loads((run[0] / "final" / "config.json").read_text())
+    config.update(method="esimcse", predictor_layers=0)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    args = argparse.Namespace(ema_decay_start=0.995, ema_decay_end=0.995, word_repetition_rate=0.32)
+    card = render_model_card(export, checkpoint, training_args=args)
+    assert "ESimCSE: Enhanced Sample Building Method" in card.text.replace("{", "").replace("}", "")
+    assert "esimcse" in card.data.tags
+    assert "| word repetition rate (positive view) | 0.32 |" in card.text
+
+
 def test_seed_settings_are_on_the_card(run, tmp_path):
     """The settings that tell the paper's and the reference code's variants apart are shown when set."""
     out, export, _ = run

@@ -191,3 +191,37 @@ def test_adapt_recipe_is_the_measured_mocose_adapt_variant(tmp_path, monkeypatch
     _, loss_settings, st_args = example.parse_arguments(["--output_dir", str(tmp_path / "st")])
     for key, value in quality.ADAPT.items():  # each setting lands where the example's trainer or loss reads it
         assert getattr(loss_settings, key, None) == value or getattr(st_args, key, None) == value, key
+
+
+# ESimCSE's BERT-base setting (Wu et al., COLING 2022), written out from the authors' code (github.com/caskcsg/sentemb,
+# ESimCSE/run.sh's bert-base-uncased case and the train.py command it runs; trainers.py for the queue and the
+# momentum encoder's eval mode), not read from the recipe.
+ESIMCSE_BERT_BASE = {
+    "method": "esimcse", "word_repetition_rate": 0.32, "queue_size": 160, "queue_init_size": 0,  # dup_rate, neg_size
+    "ema_decay_start": 0.995, "ema_decay_end": 0.995, "target_dropout": False,  # momentum, model.eval()
+    "contrastive_temperature": 0.05, "encoder_dropout": 0.1, "in_batch_negatives": True, "fgsm_mode": "off",
+    "sentence_pooling": "cls", "predictor_layers": 0, "projection_layers": 0, "head_learning_rate": None,
+    "head_init": "random",
+    "learning_rate": 3e-5, "per_device_train_batch_size": 64, "max_seq_length": 32, "num_train_epochs": 1,
+    "weight_decay": 0.0, "eval_steps": 125, "metric_for_best_model": "stsb_spearman", "load_best_model_at_end": True,
+}
+
+
+def test_esimcse_recipe_is_the_authors_bert_base_setting(tmp_path):
+    path = RECIPES / "esimcse-bert-base.yaml"
+    script, args = parse_args([str(path), "--output_dir", str(tmp_path)])
+    assert script.model_name_or_path == "bert-base-uncased"
+    assert {key: getattr(args, key) for key in ESIMCSE_BERT_BASE} == ESIMCSE_BERT_BASE
+    assert args.queue_size == 2.5 * args.per_device_train_batch_size
+    text = path.read_text()
+    assert "caskcsg/sentemb" in text and "run.sh" in text and "78.27" in text
+
+
+def test_esimcse_benchmark_variant_is_the_recipes_method(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_quality", REPO / "scripts" / "benchmarks" / "benchmark_quality.py")
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    assert quality.ESIMCSE.items() <= ESIMCSE_BERT_BASE.items()  # the method's values; the protocol sets the rest
+    assert quality.ESIMCSE_QUEUE_PER_BATCH * 64 == ESIMCSE_BERT_BASE["queue_size"]

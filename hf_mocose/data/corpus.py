@@ -137,13 +137,16 @@ class ContrastiveCollator:
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
+    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive (its given positive, else
+    itself; ESimCSE's word repetition, `hf_mocose.methods.augmentation.repeat_words`), padded to its longest row.
     """
 
-    def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0):
+    def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0,
+                 repeat_positives=None):
         self.tokenizer, self.max_length = tokenizer, max_length
         self.padding = "max_length" if pad_to_max_length else "longest"
         self.padder = DataCollatorWithPadding(tokenizer, self.padding, max_length if pad_to_max_length else None)
-        self.una_augmenter, self.seed = una_augmenter, seed
+        self.una_augmenter, self.seed, self.repeat_positives = una_augmenter, seed, repeat_positives
 
     def __call__(self, features: list[dict]) -> dict:
         texts = [feature["text"] for feature in features] if "text" in features[0] else None
@@ -154,9 +157,17 @@ class ContrastiveCollator:
         batch = self.padder([{k: f[k] for k in own} for f in features])
         for name in fixed:
             batch[name] = torch.tensor([feature[name] for feature in features])
-        if positive:
-            padded = self.padder([{k[len("positive_"):]: f[k] for k in positive} for f in features])
-            batch.update({f"positive_{name}": tensor for name, tensor in padded.items()})
+        if positive or self.repeat_positives is not None:
+            rows = [{k[len("positive_"):]: f[k] for k in positive} if positive else {k: f[k] for k in own}
+                    for f in features]
+            padder = self.padder
+            if self.repeat_positives is not None:
+                ids = [list(row["input_ids"]) for row in rows]
+                rng = np.random.default_rng([self.seed, zlib.crc32(np.asarray(sum(ids, []), np.int64).tobytes())])
+                rows = [{"input_ids": r, "attention_mask": [1] * len(r), **({"token_type_ids": [0] * len(r)}
+                         if "token_type_ids" in rows[0] else {})} for r in self.repeat_positives(ids, rng=rng)]
+                padder = DataCollatorWithPadding(self.tokenizer, "longest")
+            batch.update({f"positive_{name}": tensor for name, tensor in padder(rows).items()})
         if self.una_augmenter is not None:
             if texts is None:
                 raise ValueError("Hard negatives need the sentences' text: keep the `text` column in the dataset.")

@@ -1,5 +1,6 @@
 """What the training views' word embeddings are made of besides the encoder's own: MoCoSE Table 5's augmentations
 (token shuffle, token and feature cutoff; FGSM, the adversarial one, is part of the step in `models.objective`),
+ESimCSE's word repetition of the positive's tokens (`repeat_words`, every method's `word_repetition_rate`),
 and IFCL's fraternal word vectors (another model's tokens, fused with the anchor's in the fraternal view).
 
 Fraternal width: the fusion adds, position by position, the fraternal model's word vectors to the anchor's
@@ -12,6 +13,7 @@ No new, untrained map is introduced: a width that still differs from H is refuse
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -70,6 +72,33 @@ class EmbeddingAugmentation:
             drop = self._rand(batch, 1, hidden, device=device) < self.feature_cutoff
             embeddings = embeddings.masked_fill(drop, 0.0)
         return embeddings
+
+
+def repeat_words(rows: list[list[int]], rate: float, rng: np.random.Generator) -> list[list[int]]:
+    """ESimCSE's word repetition on tokenised sentences ([CLS] ... [SEP], truncated): for a sentence of L tokens,
+    n ~ uniform{0, ..., min(10, int(rate * L)) - 1} tokens other than the first and last are doubled in place
+    (none when int(rate * L) is 0), as the authors' code (caskcsg/sentemb ESimCSE/train.py, `dup_type bpe`, the
+    setting of its run.sh). The paper writes n in [0, max(2, int(rate * L))]; the released runs drew as here."""
+    repeated = []
+    for row in rows:
+        limit = min(10, int(rate * len(row)), len(row) - 1)
+        count = int(rng.integers(limit)) if limit > 0 else 0
+        chosen = set(rng.choice(np.arange(1, len(row) - 1), count, replace=False).tolist()) if count else set()
+        repeated.append([token for i, token in enumerate(row) for _ in range(1 + (i in chosen))])
+    return repeated
+
+
+def repeat_words_in_batch(features: dict, rate: float, rng: np.random.Generator, pad_id: int) -> dict:
+    """`repeat_words` on a padded batch (`input_ids`, `attention_mask` `(B, L)`): a new batch, padded to its
+    longest row with `pad_id`, token types 0 (as the authors' code sets them)."""
+    ids, mask = features["input_ids"], features["attention_mask"]
+    rows = repeat_words([r[:n] for r, n in zip(ids.tolist(), mask.sum(1).tolist())], rate, rng)
+    width = max(map(len, rows))
+    out = {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=ids.device),
+           "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=ids.device)}
+    if "token_type_ids" in features:
+        out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+    return out
 
 
 # Where encoders with factorised word embeddings keep the Linear(E, hidden) that lifts them: ALBERT, ELECTRA.

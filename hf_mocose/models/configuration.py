@@ -82,13 +82,19 @@ class MoCoSEConfig(PretrainedConfig):
 
     @property
     def uses_target(self) -> bool:
-        """Whether this method has an EMA target branch (and a predictor on the online one)."""
+        """Whether this method has an EMA target encoder (MoCoSE; ESimCSE's momentum encoder)."""
+        return self.method in ("mocose", "esimcse")
+
+    @property
+    def keys_from_target(self) -> bool:
+        """Whether the keys (positives, in-batch negatives) come from the EMA target, with target heads and a
+        predictor on the online branch (MoCoSE); otherwise they are a second online view, with gradient."""
         return self.method == "mocose"
 
     @property
     def uses_queue(self) -> bool:
-        """Whether this method keeps a queue of past keys (MoCoSE) or anchors (IFCL) as negatives."""
-        return self.method in ("mocose", "ifcl")
+        """Whether this method keeps a queue of past keys (MoCoSE), anchors (IFCL) or momentum embeddings (ESimCSE)."""
+        return self.method in ("mocose", "ifcl", "esimcse")
 
 
 MoCoSEConfig.__doc__ = MoCoSEConfig.__doc__.format(settings=describe(MODEL_SETTINGS, indent=8))

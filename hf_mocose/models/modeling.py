@@ -42,6 +42,7 @@ class MoCoSEOutput(ModelOutput):
         key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with gradient) else.
         word_embeddings: `(B, L, H)` the online word embeddings, FGSM perturbation added.
         negative_keys / negative_queries: `(U, D)` hard negatives through the key / query branch (UNA), or None.
+        target_embedding: `(B, D)` ESimCSE's momentum-encoder embeddings of the anchors (the queue's), or None.
         fraternal_query: `(B, D)` IFCL's fraternal view, or None.
         input_embeddings: `(2, B, H)` mean input embeddings of the anchor and the fraternal view (Twins), or None.
         fgsm_gradient_at: `(B, L, H)` where FGSM reads the gradient (`word_embeddings` or the caller's
@@ -52,6 +53,7 @@ class MoCoSEOutput(ModelOutput):
     key: torch.Tensor | None = None
     word_embeddings: torch.Tensor | None = None
     negative_keys: torch.Tensor | None = None
+    target_embedding: torch.Tensor | None = None
     fraternal_query: torch.Tensor | None = None
     input_embeddings: torch.Tensor | None = None
     negative_queries: torch.Tensor | None = None
@@ -80,10 +82,12 @@ class MoCoSEModel(PreTrainedModel):
         self.online_encoder = build_encoder(config.encoder_config)
         self.online_pooler = head_linear(hidden, hidden, init)
         self.online_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
-        if config.uses_target:
+        if config.keys_from_target:
             self.predictor = build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init)
+        if config.uses_target:  # ESimCSE's momentum encoder is an encoder only: it shares the online heads
             self.target_encoder = build_encoder(config.encoder_config)
             self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
+        if config.keys_from_target:
             self.target_pooler = head_linear(hidden, hidden, init)
             self.target_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
         if config.uses_queue:
@@ -172,7 +176,7 @@ class MoCoSEModel(PreTrainedModel):
 
     def head_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
-        heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.uses_target else [])
+        heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.keys_from_target else [])
         return [p for module in heads for p in module.parameters() if p.requires_grad]
 
     # ----------------------------------------------------------------- target branch
@@ -180,7 +184,7 @@ class MoCoSEModel(PreTrainedModel):
         """The modules of the target branch (empty for methods without one)."""
         if not self.config.uses_target:
             return []
-        return [self.target_encoder, self.target_pooler, self.target_projection]
+        return [self.target_encoder, *([self.target_pooler, self.target_projection] if self.config.keys_from_target else [])]
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
         """Matching tensors of both branches for the EMA update: `(online_params, target_params, online_copied,
@@ -255,7 +259,7 @@ class MoCoSEModel(PreTrainedModel):
             fraternal_input_ids, fraternal_attention_mask: `(B, L)` IFCL's fraternal text in the fraternal
                 vocabulary, fused position by position with the anchor.
             positive_input_ids, positive_attention_mask, positive_token_type_ids: `(B, L'')` a given positive
-                (e.g. a paraphrase) the key is computed from instead of the sentence itself.
+                (a paraphrase, ESimCSE's word-repeated copy) the key is computed from instead of the sentence itself.
             negatives_as_anchors: the hard negatives are anchors too (`negative_queries`: UNA as in its paper).
             inputs_embeds: `(B, L, H)` the online word embeddings, looked up by the caller so that FGSM gets
                 their gradient under `torch_compile`.
@@ -276,22 +280,24 @@ class MoCoSEModel(PreTrainedModel):
 
         def query_branch(embeddings, mask, types):
             query = online(embeddings, mask, types)
-            return self.predictor(query) if self.config.uses_target else query
+            return self.predictor(query) if self.config.keys_from_target else query
 
         def key_branch(embeddings, mask, types):
             """Keys: the EMA target (no gradient) for MoCoSE, a second online dropout view otherwise."""
-            if not self.config.uses_target:
-                return online(embeddings, mask, types, key_augmentation)
+            return (target_branch if self.config.keys_from_target else online)(embeddings, mask, types, key_augmentation)
+
+        def target_branch(embeddings, mask, types, augmentation):
             with torch.no_grad():
                 embeddings = embeddings.detach()
-                if key_augmentation is not None:
-                    embeddings = key_augmentation(embeddings, mask)
-                return self._target_head(self._encode_sentence(self.target_encoder, embeddings, mask, types))
+                if augmentation is not None:
+                    embeddings = augmentation(embeddings, mask)
+                head = self._target_head if self.config.keys_from_target else self._online_head  # ESimCSE: online MLP
+                return head(self._encode_sentence(self.target_encoder, embeddings, mask, types))
 
         query = query_branch(word_embeddings, attention_mask, token_type_ids)
         if positive_input_ids is not None:  # a given positive (e.g. a paraphrase) instead of the sentence itself
             key = key_branch(embed_tokens(positive_input_ids), positive_attention_mask, positive_token_type_ids)
-        elif self.config.uses_target:
+        elif self.config.keys_from_target:
             key = key_branch(word_embeddings if perturb_target else clean, attention_mask, token_type_ids)
         else:
             key = key_branch(word_embeddings, attention_mask, token_type_ids)
@@ -301,8 +307,10 @@ class MoCoSEModel(PreTrainedModel):
             negatives = key_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
             if negatives_as_anchors:
                 negative_queries = query_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
+        target = target_branch(clean, attention_mask, token_type_ids, None) if (  # ESimCSE: the momentum encoder's
+            self.config.uses_target and not self.config.keys_from_target) else None  # embeddings of the anchors
         output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives,
-                              negative_queries=negative_queries,
+                              target_embedding=target, negative_queries=negative_queries,
                               fgsm_gradient_at=word_embeddings if inputs_embeds is None else inputs_embeds)
         if fraternal_input_ids is not None:
             self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)

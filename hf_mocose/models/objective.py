@@ -7,11 +7,13 @@ runs its branches on the batch and returns a `MoCoSEOutput`. Everything else hap
 1. FGSM on the online word embeddings: "previous" reuses the sign the last backward left (no extra
    pass), "exact" runs one probe pass on the clean batch and takes its gradient's sign.
 2. The forward: queries `(B, D)` from the online branch, keys `(B, D)` from the EMA target (no gradient)
-   or a second dropout view (SimCSE, IFCL), optional hard negatives and IFCL's fraternal view.
+   or a second dropout view (SimCSE, IFCL, ESimCSE: of the word-repeated positive), optional hard negatives
+   and IFCL's fraternal view.
 3. The negatives: the global batch's other keys (gathered from every process, in rank order), the
    queue with its age windows and IFCL's forgetting weights, UNA's hard negatives.
 4. InfoNCE (`info_nce_loss`), plus IFCL's fraternal InfoNCE and Twins loss.
-5. The enqueue of the step's keys (MoCoSE: target keys; IFCL: online anchors), at the end of the loss's
+5. The enqueue of the step's keys (MoCoSE: target keys; ESimCSE: the momentum encoder's anchors; IFCL: online
+   anchors), at the end of the loss's
    backward pass. Why there: the loss must never see its own keys as negatives, and a forward that the
    backward recomputes (gradient checkpointing) must see the queue the loss saw; both front ends then
    enqueue at the same point without a hook of their own (the Trainer's `training_step` and
@@ -160,8 +162,8 @@ class ContrastiveObjective:
     """The training step of every method; the methods differ only in `config`.
 
     Args:
-        config: what the method is: `method` ("mocose", "simcse", "ifcl"), `contrastive_temperature`,
-            `in_batch_negatives`, `uses_target`, `uses_queue` (a `MoCoSEConfig`).
+        config: what the method is: `method` ("mocose", "simcse", "ifcl", "esimcse"), `contrastive_temperature`,
+            `in_batch_negatives`, `keys_from_target`, `uses_queue` (a `MoCoSEConfig`).
         fgsm: the FGSM settings and the "previous" sign (`FGSMPerturbation`; mode "off" for no FGSM).
         queue_age_slices: age ranges of the queue used as negatives (`queue_slice`), or None for all.
         forgetting: IFCL's lambda (`ifcl_forgetting`: the forgetting weight per queued batch), or None.
@@ -200,8 +202,9 @@ class ContrastiveObjective:
             self.fgsm.track(outputs.word_embeddings, gradient_at=outputs.fgsm_gradient_at)
         result, keys = self.loss(outputs, queue, training)
         if training:
-            if queue is not None:  # MoCoSE queues target keys; IFCL's hippocampus queues online anchors
-                queued = keys.detach() if self.config.uses_target else gather(outputs.query.detach(), False)
+            if queue is not None:  # MoCoSE queues target keys, ESimCSE momentum embeddings, IFCL online anchors
+                queued = keys.detach() if self.config.keys_from_target else gather(
+                    (outputs.query if outputs.target_embedding is None else outputs.target_embedding).detach(), False)
                 run_after_backward(result.loss, lambda: queue.enqueue(queued))
             self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
                               "key_cos": mean_pairwise_cosine(keys)})
@@ -221,7 +224,7 @@ class ContrastiveObjective:
              training: bool = False) -> tuple[ContrastiveLossOutput, Tensor]:
         """InfoNCE of one forward (plus IFCL's fraternal losses); returns it and the gathered keys `(B_global, D)`."""
         config = self.config
-        with_grad = not config.uses_target  # MoCoSE's target keys carry no gradient; a dropout view does
+        with_grad = not config.keys_from_target  # MoCoSE's target keys carry no gradient; a dropout view does
         keys = gather(outputs.key, with_grad)
         # Without in-batch negatives each query sees its own key only (with its gradient in SimCSE/IFCL).
         queries, candidates, positive_index = outputs.query, outputs.key, None

@@ -22,7 +22,7 @@ from typing import Any
 from .heads import HEAD_INITS
 from .pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
 
-METHODS = ("mocose", "simcse", "ifcl")
+METHODS = ("mocose", "simcse", "ifcl", "esimcse")
 # What the EMA target shares with the online encoder: its word embeddings only (hf-mocose's default), or
 # its whole embedding module (word, position and token-type embeddings and their LayerNorm: the paper's
 # Figure 2 and the reference code, whose target reads the online embedding layer's output).
@@ -31,6 +31,9 @@ SHARED_EMBEDDINGS = ("word", "module")
 # `queue_size=64` alone is a valid setting (the queue then starts full of random keys). Every paper
 # recipe and ablation grid sets `queue_init_size` itself.
 DEFAULT_QUEUE_INIT_SIZE = 128
+# ESimCSE's dup_rate for BERT-base (the authors' run.sh, caskcsg/sentemb ESimCSE/): word repetition's rate when
+# `word_repetition_rate` is None and the method is esimcse (0 = off for the other methods).
+ESIMCSE_REPETITION_RATE = 0.32
 
 # FGSM's choices (`hf_mocose.models.objective.FGSMPerturbation` runs them).
 FGSM_MODES = ("previous", "exact", "off")
@@ -66,7 +69,9 @@ _DECLARED = {
         str, "mocose", f"Training method: {', '.join(METHODS)}.", "method", "method",
         doc="`mocose`: online branch vs EMA target branch with a negative queue. `simcse`: two dropout views of the "
             "online encoder, in-batch negatives, no target, no queue, no predictor. `ifcl`: SimCSE's two views plus a "
-            "\"hippocampus\" queue of past online anchors weighted by forgetting coefficients (no target, no predictor)."),
+            "\"hippocampus\" queue of past online anchors weighted by forgetting coefficients (no target, no predictor). "
+            "`esimcse`: SimCSE's online views, the positive a word-repeated copy, plus a queue of a momentum (EMA) "
+            "encoder's embeddings of past anchors (no predictor; Wu et al., COLING 2022)."),
     "sentence_pooling": _s(
         str, "cls", f"Sentence embedding trained, evaluated and exported: {', '.join(SENTENCE_POOLING_MODES)} (the "
         "heads read the [CLS] state, or the token mean for mean).", "model", "sentence pooling (exported)", loss=False,
@@ -88,6 +93,11 @@ _DECLARED = {
         doc="None is resolved when the settings are read (`resolve_queue_init_size`), never more than the queue holds."),
     "in_batch_negatives": _s(
         bool, True, "Use the other keys of the global batch as negatives too.", "method", "in-batch negatives"),
+    "word_repetition_rate": _s(
+        float | None, None, "Word repetition (ESimCSE): the positive is its sentence with up to min(10, int(rate x "
+        "tokens)) - 1 random tokens doubled in place; 0 = off; None = 0.32 for esimcse, 0 otherwise.", "method",
+        "word repetition rate (positive view)", model=False,
+        doc="Drawn as the authors' code (dup_type bpe): neither [CLS] nor [SEP], after truncation."),
     "projection_layers": _s(
         int, 1, "Projection blocks (Linear+LayerNorm+Dropout).", "model", "projection layers",
         doc="After the pooler; 0 = none."),
@@ -163,6 +173,8 @@ def resolve_queue_init_size(queue_init_size: int | None, queue_size: int) -> int
 def take_settings(given: dict[str, Any], settings: tuple[Setting, ...]) -> dict[str, Any]:
     """The values of `settings`, popped from `given` or their defaults, `queue_init_size` resolved, validated."""
     values = {s.name: given.pop(s.name, s.default) for s in settings}
+    if values.get("word_repetition_rate", 0) is None:
+        values["word_repetition_rate"] = ESIMCSE_REPETITION_RATE if _get(values, "method") == "esimcse" else 0.0
     if "queue_init_size" in values:
         values["queue_init_size"] = resolve_queue_init_size(values["queue_init_size"],
                                                             values.get("queue_size", SETTINGS["queue_size"].default))
@@ -186,7 +198,7 @@ def validate_settings(values: dict[str, Any]) -> None:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
     queue_size = _get(values, "queue_size")
     init_size = resolve_queue_init_size(values.get("queue_init_size"), queue_size)
-    if method in ("mocose", "ifcl"):
+    if method in ("mocose", "ifcl", "esimcse"):
         if queue_size < 1:
             raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
         if not 0 <= init_size <= queue_size:
@@ -195,6 +207,9 @@ def validate_settings(values: dict[str, Any]) -> None:
             )
     if method == "simcse" and not _get(values, "in_batch_negatives"):
         raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
+    rate = values.get("word_repetition_rate")
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        raise ValueError(f"word_repetition_rate must be in [0, 1], got {rate!r}.")
     for name in ("projection_layers", "predictor_layers"):
         if values.get(name, 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {values[name]!r}.")

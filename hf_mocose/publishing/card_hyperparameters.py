@@ -34,12 +34,13 @@ TRAINING_FIELDS = {
     "token_shuffle": "token shuffle", "token_cutoff": "token cutoff rate", "feature_cutoff": "feature cutoff rate",
     "augmentation_views": "views the embedding augmentations reach", "hard_negatives": "hard negatives",
     "una_frequency": "UNA negatives every f steps", "una_usage": "UNA sentences used as",
+    **_setting_rows("method"),  # word repetition (ESimCSE's augmentation, a switch for every method)
 }
 # Recorded beside TRAINING_FIELDS because a row is read from them.
 RECORDED_EXTRA = ("fp16", "metric_for_best_model")
 # Shown only when they differ from "off" (None / False / 0); the rest of TRAINING_FIELDS always.
 OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "token_shuffle", "token_cutoff",
-                            "feature_cutoff", "hard_negatives")
+                            "feature_cutoff", "hard_negatives", "word_repetition_rate")
 # Where and how a run logged, not how it trained (sentence-transformers' card leaves them out too), and secrets.
 NOT_HYPERPARAMETERS = {
     "output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",

@@ -39,7 +39,7 @@ USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrume
 # Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
 PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
                  "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
-CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "una": "UNA"}
+CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "esimcse": "ESimCSE", "una": "UNA"}
 # sentence_pooling -> sentence-transformers Pooling mode (cls_dense is CLS followed by a Dense).
 POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
 

@@ -6,6 +6,7 @@ Beside it: `st_loss.callback` (EMA, clipping, checkpoints of the loss state), `s
 from __future__ import annotations
 
 import copy
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -13,12 +14,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
+from ..methods.augmentation import repeat_words_in_batch
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.ema import EMATensorPairs, ema_tensor_pairs
 from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
@@ -74,8 +77,8 @@ class MoCoSELoss(nn.Module):
     The positive is the sentence itself (one text column) or the second column of (anchor, positive) pairs.
     Its negatives are the queue and, with `in_batch_negatives`, the other keys of the global batch. The
     trainer saves the model with its own pooling; heads, target and queue go into each checkpoint's
-    `mocose_loss/` folder. `method="simcse"` and `method="ifcl"` (without the fraternal view) run here too;
-    what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
+    `mocose_loss/` folder. `method="simcse"`, `"ifcl"` (without the fraternal view) and `"esimcse"` run here too,
+    and `word_repetition_rate` repeats words of the positive column's tokens; what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
 
     Args:
         model: the `SentenceTransformer` to train; its first module is a transformers encoder with a tokenizer.
@@ -138,7 +141,7 @@ class MoCoSELoss(nn.Module):
         refuse_sharded_loss_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
         config = MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS})
         # FGSM perturbs what the target sees too; methods without a target run without it (as in MoCoSETrainer).
-        fgsm = FGSMPerturbation(s["fgsm_mode"] if config.uses_target else "off", s["fgsm_epsilon"], s["fgsm_views"],
+        fgsm = FGSMPerturbation(s["fgsm_mode"] if config.keys_from_target else "off", s["fgsm_epsilon"], s["fgsm_views"],
                                 s["fgsm_epsilon_unit"])
         self.objective = ContrastiveObjective(config, fgsm, forgetting=s["ifcl_forgetting"])
         if self.fgsm.mode != "off":
@@ -149,15 +152,16 @@ class MoCoSELoss(nn.Module):
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
         heads = OrderedDict(pooler=head_linear(hidden, hidden, s["head_init"]),
                             projection=build_projection(hidden, s["projection_layers"], s["head_dropout"], s["head_init"]))
-        if config.uses_target:  # the predictor sits on the online branch of a method with an EMA target only
+        if config.keys_from_target:  # the predictor sits on the online branch of a method with target keys only
             heads["predictor"] = build_predictor(hidden, s["predictor_layers"], s["predictor_dim"], s["head_dropout"],
                                                  s["head_init"])
         self.online_head = nn.Sequential(heads)
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
         self.online_head.apply(partial(init_head_weights, std=std))
         self.target_encoder = self.target_head = self.queue = None
-        if config.uses_target:
+        if config.uses_target:  # ESimCSE's momentum encoder shares the online heads (the authors' code)
             self.target_encoder = copy.deepcopy(model).requires_grad_(False)
+        if config.keys_from_target:
             self.target_head = copy.deepcopy(self.online_head[:2]).requires_grad_(False)  # pooler + projection
         if config.uses_queue:
             self.queue = KeyQueue(s["queue_size"], hidden, s["queue_init_size"])
@@ -203,14 +207,15 @@ class MoCoSELoss(nn.Module):
     def citation(self) -> str:
         from ..publishing.model_card import CITATIONS
 
-        return CITATIONS["mocose"]
+        return CITATIONS["mocose"] + ("\n" + CITATIONS["esimcse"] if self.objective.config.method == "esimcse" else "")
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
         """Online tensors (model, pooler, projection) and their target copies, for `EMATargetCallback`."""
         if self.target_encoder is None:
             return EMATensorPairs([], [], [], [])
         online = (self.online_model, self.online_head.pooler, self.online_head.projection)
-        target = (self.target_encoder, self.target_head.pooler, self.target_head.projection)
+        target = (self.target_encoder,) + ((self.target_head.pooler, self.target_head.projection)
+                                           if self.target_head is not None else ())  # ESimCSE: the encoder only
         return ema_tensor_pairs(zip(online, target))
 
     # ----------------------------------------------------------------- loss
@@ -235,21 +240,27 @@ class MoCoSELoss(nn.Module):
             raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "
                              f"labels; got {len(features)} text column(s){' and labels' if labels is not None else ''}.")
         self.online_head.train(training)
-        if self.target_encoder is not None:
-            target_dropout = training and self.settings["target_dropout"]
-            self.target_encoder.train(target_dropout)
-            self.target_head.train(target_dropout)
+        for module in (self.target_encoder, self.target_head):
+            if module is not None:
+                module.train(training and self.settings["target_dropout"])
         anchor, positive = features[0], features[-1]
-        same_input = len(features) == 1 and self.fgsm.perturb_target  # the target reads the perturbed anchor too
+        rate = self.settings["word_repetition_rate"]
+        if training and rate:  # ESimCSE's word repetition of the positive (`methods.augmentation.repeat_words`)
+            rng = np.random.default_rng(zlib.crc32(positive["input_ids"].cpu().numpy().tobytes()))
+            positive = repeat_words_in_batch(positive, rate, rng, self.online_model.tokenizer.pad_token_id or 0)
+        # the target reads the perturbed anchor too
+        same_input = len(features) == 1 and self.fgsm.perturb_target and not (training and rate)
 
         def encode(perturbation: Tensor | None, probe: bool) -> MoCoSEOutput:
             model = self.online_model if probe else self.model
             query, words, autocast = self._queries(model, anchor, perturbation)
-            if self.target_encoder is None:  # SimCSE, IFCL: the key is a second dropout view, with its gradient
+            if self.target_head is None:  # SimCSE, IFCL, ESimCSE: the key is a second dropout view, with its gradient
                 key = self.online_head(model(dict(positive))["sentence_embedding"])
             else:
                 key = self._keys(positive, perturbation if same_input else None, autocast)
-            return MoCoSEOutput(query=query, key=key, word_embeddings=words, fgsm_gradient_at=words)
+            esimcse = self.target_head is None and self.target_encoder is not None  # queues momentum embeddings
+            return MoCoSEOutput(query=query, key=key, word_embeddings=words, fgsm_gradient_at=words,
+                                target_embedding=self._keys(anchor, None, autocast) if esimcse else None)
 
         shape = anchor["input_ids"].shape
         if self.fgsm.mode != "off":
@@ -271,7 +282,8 @@ class MoCoSELoss(nn.Module):
     def _keys(self, features: dict, perturbation: Tensor | None, autocast: AutocastState) -> Tensor:
         """`(B, D)` target keys, computed under the online forward's `autocast` (the weights stay fp32)."""
         with self._perturbed(self.target_encoder, perturbation), autocast.context():
-            keys = self.target_head(self.target_encoder(dict(features))["sentence_embedding"])
+            head = self.online_head if self.target_head is None else self.target_head  # ESimCSE: the online heads
+            keys = head(self.target_encoder(dict(features))["sentence_embedding"])
         return keys.float()  # as accelerate returns the online forward's outputs: fp32 (of bf16 values)
 
     @contextmanager

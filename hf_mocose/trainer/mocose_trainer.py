@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..data.corpus import ContrastiveCollator
-from ..methods.augmentation import EmbeddingAugmentation
+from ..methods.augmentation import EmbeddingAugmentation, repeat_words
 from ..methods.mtd import active_queue_window, max_traceable_distance
 from ..models.ema import EMATargetCallback, ema_decay_at
 from ..models.modeling import MoCoSEModel
@@ -99,8 +100,9 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             raise ValueError(f"A fraternal view is IFCL's: set method='ifcl' (got {config.method!r}).")
         if data_collator is None:
             # The fraternal view is fused position by position: anchors padded to the same fixed length.
-            data_collator = ContrastiveCollator(processing_class, config.max_seq_length,
-                                                args.pad_to_max_length or fraternal, una_augmenter=una, seed=args.seed)
+            repeat = partial(repeat_words, rate=args.word_repetition_rate) if args.word_repetition_rate else None
+            data_collator = ContrastiveCollator(processing_class, config.max_seq_length, args.pad_to_max_length or
+                                                fraternal, una_augmenter=una, seed=args.seed, repeat_positives=repeat)
         if eval_dataset is None and args.stsb_dev_file and args.eval_strategy != "no":
             eval_dataset = stsb_dev_dataset(args.stsb_dev_file)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -112,7 +114,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
-        fgsm = FGSMPerturbation(args.fgsm_mode if config.uses_target else "off", args.fgsm_epsilon, args.fgsm_views,
+        fgsm = FGSMPerturbation(args.fgsm_mode if config.keys_from_target else "off", args.fgsm_epsilon, args.fgsm_views,
                                 args.fgsm_epsilon_unit)
         self.objective = ContrastiveObjective(config, fgsm, queue_age_slices=args.queue_age_slices,
                                               forgetting=args.ifcl_forgetting, queue_window=self.queue_window,
@@ -140,7 +142,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def _check_queue_settings(self, config) -> None:
         """Settings that depend on the world size, checked before any step."""
         args = self.args
-        if not config.uses_target and self.keys_per_enqueue < 2:
+        if not config.keys_from_target and self.keys_per_enqueue < 2:
             raise ValueError(f"method={config.method!r} contrasts each sentence with the rest of the batch, but the "
                              f"global batch is {self.keys_per_enqueue} (per_device_train_batch_size="
                              f"{args.per_device_train_batch_size} x {args.world_size} processes): use at least 2 "

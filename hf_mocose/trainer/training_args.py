@@ -146,7 +146,8 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     def __post_init__(self):
         self._validate_sizes()
         settings = take_settings({s.name: getattr(self, s.name) for s in ARGS_SETTINGS}, ARGS_SETTINGS)
-        self.queue_init_size = settings["queue_init_size"]  # None resolved: min(128, queue_size)
+        # None resolved: queue_init_size min(128, queue_size), word_repetition_rate by the method
+        self.queue_init_size, self.word_repetition_rate = settings["queue_init_size"], settings["word_repetition_rate"]
         self._validate_family_settings()
         if self.eval_max_seq_length is not None and self.eval_max_seq_length < 2:
             raise ValueError(

@@ -32,7 +32,15 @@ through `MoCoSELoss`, whose arguments carry the same names; Trainer fields such 
                          Transformer + Pooling(--pooling)
   st_mocose_adapt        the same with the adaptation recipe's settings
   st_mnrl                `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs,
-                         Transformer + Pooling(cls): the SimCSE recipe of sentence-transformers
+                         Transformer + Pooling(--pooling): the SimCSE recipe of sentence-transformers
+  esimcse                `MoCoSETrainer`, method="esimcse" with training_args/esimcse-bert-base.yaml's method values
+                         (word repetition 0.32, momentum 0.995, queue 2.5 x the batch, empty at the start, no target
+                         dropout, no FGSM, the pooler Linear as the only head, random, at learning_rate)
+  st_cmnrl               `CachedMultipleNegativesRankingLoss` on (s, s) pairs at 4x the batch (GradCache, mini-batches
+                         of --batch_size; its schedule spans the same epoch in a quarter of the steps)
+  st_ct                  `ContrastiveTensionLossInBatchNegatives` (Contrastive Tension, in-batch negatives), scale 20
+  st_tsdae               `DenoisingAutoEncoderLoss`, decoder tied to the encoder, on (noisy, original) pairs; noise:
+                         whitespace words deleted with probability 0.6 (TSDAE's ratio; nltk's tokenizer is not used)
 
 Equal compute: the budget is enforced by a `TrainerCallback` that sets `control.should_training_stop`
 once the variant's training time is spent. With `--interleave` (default) the trainers take turns, one
@@ -71,7 +79,7 @@ from scripts.benchmarks.train_variants import (  # noqa: E402
     AutocastRecorder,
     mocose_trainer,
     sentence_transformer,
-    st_mnrl_trainer,
+    st_baseline_trainer,
     trainer_fields,
 )
 from scripts.benchmarks.turn_taking import Baton, TakeTurns, run_turns, start_in_turn  # noqa: E402
@@ -82,7 +90,13 @@ PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previo
 # temperature turns the move toward what helps STS12 as well as STS-B, and an encoder rate 60x below the
 # from-scratch 3e-5 keeps it short enough that SICK-R does not pay for it.
 ADAPT: dict = {"learning_rate": 5e-7, "contrastive_temperature": 0.1}
-# name -> MoCoSETrainingArguments overrides; "st_mnrl" is built apart, `front_end: st` through MoCoSELoss.
+# ESimCSE as its recipe (training_args/esimcse-bert-base.yaml) sets the method; the queue is 2.5 x the batch (`build`).
+ESIMCSE: dict = {"method": "esimcse", "word_repetition_rate": 0.32, "ema_decay_start": 0.995, "ema_decay_end": 0.995,
+                 "queue_init_size": 0, "target_dropout": False, "fgsm_mode": "off", "projection_layers": 0,
+                 "head_init": "random", "head_learning_rate": None}
+ESIMCSE_QUEUE_PER_BATCH = 2.5  # the authors' neg_size 160 at batch 64 (caskcsg/sentemb ESimCSE/run.sh)
+# name -> MoCoSETrainingArguments overrides; the sentence-transformers baselines (None) are built apart (ST_BASELINES),
+# `front_end: st` through MoCoSELoss.
 VARIANTS: dict[str, dict | None] = {
     "mocose": {"method": "mocose"},  # the library defaults (identity heads at head_learning_rate 1e-3)
     "mocose_paper": {"method": "mocose", **PAPER},
@@ -96,6 +110,10 @@ VARIANTS: dict[str, dict | None] = {
     # SimCSE as its paper trains it (random heads at learning_rate), whatever the library defaults are.
     "simcse": {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None},
     "st_mnrl": None,
+    "esimcse": ESIMCSE,
+    "st_cmnrl": None,
+    "st_ct": None,
+    "st_tsdae": None,
     "mocose_adapt": {"method": "mocose", **ADAPT},
     "st_mocose": {"method": "mocose", "front_end": "st"},
     "st_mocose_adapt": {"method": "mocose", "front_end": "st", **ADAPT},
@@ -192,13 +210,15 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     common = trainer_fields(output_dir, cfg.batch_size, cfg.schedule_steps, cfg.device, seed,
                             learning_rate=cfg.learning_rate, logging_steps=50)
-    if overrides is None:  # st_mnrl
+    if overrides is None:  # sentence-transformers' own losses
         model = sentence_transformer(model_path, cfg.max_seq_length, cfg.pooling, cfg.device)
-        return st_mnrl_trainer(model, sentences, common, scale=1.0 / cfg.temperature), model, tokenizer
+        return st_baseline_trainer(name, model, sentences, common, 1.0 / cfg.temperature, seed), model, tokenizer
 
     settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
                     queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
                     sentence_pooling=cfg.pooling)
+    if overrides.get("method") == "esimcse":
+        settings["queue_size"] = round(ESIMCSE_QUEUE_PER_BATCH * cfg.batch_size)
     settings.update(overrides)
     # Trainer settings a variant may change (e.g. learning_rate) go to the training arguments of either front end.
     trainer_names = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -310,7 +330,7 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
         results[name] = {
             "scores": scores,
             "steps": trainer.state.global_step,
-            "sentences": trainer.state.global_step * cfg.batch_size,
+            "sentences": trainer.state.global_step * trainer.args.per_device_train_batch_size,
             "train_seconds": round(callbacks[name].spent, 1),
             "precision": precision,
             "checkpoint": checkpoint,

@@ -92,6 +92,59 @@ def st_mnrl_trainer(model, sentences: list[str], fields: dict, scale: float):
         loss=MultipleNegativesRankingLoss(model, scale=scale))
 
 
+# sentence-transformers' unsupervised recipes, each with its own loss class (benchmark_quality.py's baselines).
+ST_BASELINES = ("st_mnrl", "st_cmnrl", "st_ct", "st_tsdae")
+CMNRL_BATCH_FACTOR = 4  # st_cmnrl: GradCache at 4x the table's batch, in mini-batches of the table's batch
+TSDAE_DELETION = 0.6  # TSDAE's deletion ratio (Wang et al., 2021; sentence-transformers' DenoisingAutoEncoderDataset)
+
+
+def delete_words(sentences: list[str], ratio: float, seed: int) -> list[str]:
+    """TSDAE's noise without nltk (whose tokenizer data is not installed): each whitespace-separated word is deleted
+    with probability `ratio`, at least one kept, the rest joined by single spaces (nltk: word_tokenize and
+    TreebankWordDetokenizer, which also split punctuation off words)."""
+    import random
+
+    rng, noisy = random.Random(seed), []
+    for sentence in sentences:
+        words = sentence.split()
+        kept = [word for word in words if rng.random() > ratio]
+        noisy.append(" ".join(kept) if kept else (rng.choice(words) if words else sentence))
+    return noisy
+
+
+def st_baseline_trainer(name: str, model, sentences: list[str], fields: dict, scale: float, seed: int = 0):
+    """`SentenceTransformerTrainer` with one of sentence-transformers' own unsupervised losses (`ST_BASELINES`):
+
+    * `st_mnrl`: `MultipleNegativesRankingLoss` on (s, s) pairs (SimCSE as sentence-transformers trains it);
+    * `st_cmnrl`: `CachedMultipleNegativesRankingLoss` on (s, s) pairs at `CMNRL_BATCH_FACTOR` x the batch, in
+      mini-batches of the batch (GradCache; the schedule spans the same epoch in fewer steps);
+    * `st_ct`: `ContrastiveTensionLossInBatchNegatives` on single sentences (two models, in-batch negatives);
+    * `st_tsdae`: `DenoisingAutoEncoderLoss` with its tied decoder on (noisy, original) pairs, noise `delete_words`.
+    """
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer import losses
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    pairs = {"anchor": sentences, "positive": sentences}
+    if name == "st_mnrl":
+        data, loss = pairs, losses.MultipleNegativesRankingLoss(model, scale=scale)
+    elif name == "st_cmnrl":
+        batch = fields["per_device_train_batch_size"]
+        data, loss = pairs, losses.CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=batch)
+        fields = {**fields, "per_device_train_batch_size": batch * CMNRL_BATCH_FACTOR,
+                  "max_steps": max(1, fields["max_steps"] // CMNRL_BATCH_FACTOR)}
+    elif name == "st_ct":
+        data, loss = {"text": sentences}, losses.ContrastiveTensionLossInBatchNegatives(model, scale=scale)
+    elif name == "st_tsdae":
+        data = {"noisy": delete_words(sentences, TSDAE_DELETION, seed), "text": sentences}
+        loss = losses.DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)
+    else:
+        raise ValueError(f"unknown baseline {name!r}: one of {', '.join(ST_BASELINES)}")
+    return SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**fields),
+                                      train_dataset=Dataset.from_dict(data), loss=loss)
+
+
 def mocose_trainer(model_path: str, tokenizer, sentences: list[str], max_seq_length: int, fields: dict):
     """`MoCoSETrainer` with `MoCoSETrainingArguments(**fields)` on `sentences` tokenised to `max_seq_length`."""
     from datasets import Dataset
