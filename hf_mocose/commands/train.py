@@ -361,6 +361,10 @@ def main(argv: list[str] | None = None) -> str:
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:
             print(f"Saved the sentence-transformers export (with its model card) to {export_dir}")
+    # All processes leave together and close the process group (accelerate's end of a script): a rank exiting while
+    # rank 0 still exports closed its gloo connection under it (SIGABRT on rank 0, seen once under load).
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return final_dir
 
 
