@@ -146,6 +146,7 @@ class ContrastiveCollator:
         self.tokenizer, self.max_length = tokenizer, max_length
         self.padding = "max_length" if pad_to_max_length else "longest"
         self.padder = DataCollatorWithPadding(tokenizer, self.padding, max_length if pad_to_max_length else None)
+        self.repeated_padder = DataCollatorWithPadding(tokenizer, "longest")  # a repeated row may pass max_length
         self.una_augmenter, self.seed, self.repeat_positives = una_augmenter, seed, repeat_positives
 
     def __call__(self, features: list[dict]) -> dict:
@@ -166,7 +167,7 @@ class ContrastiveCollator:
                 rng = np.random.default_rng([self.seed, zlib.crc32(np.asarray(sum(ids, []), np.int64).tobytes())])
                 rows = [{"input_ids": r, "attention_mask": [1] * len(r), **({"token_type_ids": [0] * len(r)}
                          if "token_type_ids" in rows[0] else {})} for r in self.repeat_positives(ids, rng=rng)]
-                padder = DataCollatorWithPadding(self.tokenizer, "longest")
+                padder = self.repeated_padder
             batch.update({f"positive_{name}": tensor for name, tensor in padder(rows).items()})
         if self.una_augmenter is not None:
             if texts is None:

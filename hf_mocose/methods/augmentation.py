@@ -13,6 +13,8 @@ No new, untrained map is introduced: a width that still differs from H is refuse
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 from torch import nn
@@ -88,14 +90,16 @@ def repeat_words(rows: list[list[int]], rate: float, rng: np.random.Generator) -
     return repeated
 
 
-def repeat_words_in_batch(features: dict, rate: float, rng: np.random.Generator, pad_id: int) -> dict:
-    """`repeat_words` on a padded batch (`input_ids`, `attention_mask` `(B, L)`): a new batch, padded to its
-    longest row with `pad_id`, token types 0 (as the authors' code sets them)."""
-    ids, mask = features["input_ids"], features["attention_mask"]
-    rows = repeat_words([r[:n] for r, n in zip(ids.tolist(), mask.sum(1).tolist())], rate, rng)
-    width = max(map(len, rows))
-    out = {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=ids.device),
-           "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=ids.device)}
+def repeat_words_in_batch(features: dict, rate: float, rng: np.random.Generator | None = None, pad_id: int = 0) -> dict:
+    """`repeat_words` on a padded batch (`input_ids`, `attention_mask` `(B, L)`), drawn with `rng` (default: seeded
+    by the batch's token ids, the same on every rank and after a resume): a new batch, padded to its longest row
+    with `pad_id`, token types 0 (as the authors' code sets them)."""
+    ids = features["input_ids"].cpu()  # one copy to the host: the draw's seed and the rows
+    rng = np.random.default_rng(zlib.crc32(ids.numpy().tobytes())) if rng is None else rng
+    rows = repeat_words([r[:n] for r, n in zip(ids.tolist(), features["attention_mask"].sum(1).tolist())], rate, rng)
+    width, device = max(map(len, rows)), features["input_ids"].device
+    out = {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=device),
+           "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)}
     if "token_type_ids" in features:
         out["token_type_ids"] = torch.zeros_like(out["input_ids"])
     return out

@@ -92,6 +92,11 @@ class MoCoSEConfig(PretrainedConfig):
         return self.method == "mocose"
 
     @property
+    def queues_target_embeddings(self) -> bool:
+        """Whether the queue holds the EMA target's embeddings of the anchors (ESimCSE's momentum encoder)."""
+        return self.uses_target and not self.keys_from_target
+
+    @property
     def uses_queue(self) -> bool:
         """Whether this method keeps a queue of past keys (MoCoSE), anchors (IFCL) or momentum embeddings (ESimCSE)."""
         return self.method in ("mocose", "ifcl", "esimcse")

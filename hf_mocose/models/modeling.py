@@ -307,8 +307,8 @@ class MoCoSEModel(PreTrainedModel):
             negatives = key_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
             if negatives_as_anchors:
                 negative_queries = query_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
-        target = target_branch(clean, attention_mask, token_type_ids, None) if (  # ESimCSE: the momentum encoder's
-            self.config.uses_target and not self.config.keys_from_target) else None  # embeddings of the anchors
+        target = (target_branch(clean, attention_mask, token_type_ids, None)
+                  if self.config.queues_target_embeddings else None)
         output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives,
                               target_embedding=target, negative_queries=negative_queries,
                               fgsm_gradient_at=word_embeddings if inputs_embeds is None else inputs_embeds)

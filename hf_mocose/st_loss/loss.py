@@ -6,7 +6,6 @@ Beside it: `st_loss.callback` (EMA, clipping, checkpoints of the loss state), `s
 from __future__ import annotations
 
 import copy
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -14,7 +13,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
@@ -246,8 +244,7 @@ class MoCoSELoss(nn.Module):
         anchor, positive = features[0], features[-1]
         rate = self.settings["word_repetition_rate"]
         if training and rate:  # ESimCSE's word repetition of the positive (`methods.augmentation.repeat_words`)
-            rng = np.random.default_rng(zlib.crc32(positive["input_ids"].cpu().numpy().tobytes()))
-            positive = repeat_words_in_batch(positive, rate, rng, self.online_model.tokenizer.pad_token_id or 0)
+            positive = repeat_words_in_batch(positive, rate, None, self.online_model.tokenizer.pad_token_id or 0)
         # the target reads the perturbed anchor too
         same_input = len(features) == 1 and self.fgsm.perturb_target and not (training and rate)
 
@@ -258,9 +255,9 @@ class MoCoSELoss(nn.Module):
                 key = self.online_head(model(dict(positive))["sentence_embedding"])
             else:
                 key = self._keys(positive, perturbation if same_input else None, autocast)
-            esimcse = self.target_head is None and self.target_encoder is not None  # queues momentum embeddings
             return MoCoSEOutput(query=query, key=key, word_embeddings=words, fgsm_gradient_at=words,
-                                target_embedding=self._keys(anchor, None, autocast) if esimcse else None)
+                                target_embedding=self._keys(anchor, None, autocast)
+                                if self.objective.config.queues_target_embeddings else None)
 
         shape = anchor["input_ids"].shape
         if self.fgsm.mode != "off":
