@@ -47,6 +47,13 @@ CASES = {
                                     una_usage="paper", fgsm_mode="off")),
     "st-mocose-fgsm-previous": ("st", dict(fgsm_mode="previous", fgsm_epsilon=FGSM_EPSILON)),
     "st-mocose-fgsm-exact": ("st", dict(fgsm_mode="exact", fgsm_epsilon=FGSM_EPSILON)),
+    # ESimCSE: word-repeated positives (its default rate 0.32), a momentum encoder whose embeddings fill the queue.
+    "trainer-esimcse": ("trainer", dict(method="esimcse")),
+    "st-esimcse": ("st", dict(method="esimcse")),
+    # The methods without a target under the second front end (IFCL without its fraternal view, which needs the
+    # Trainer's collator).
+    "st-simcse": ("st", dict(method="simcse")),
+    "st-ifcl": ("st", dict(method="ifcl", ifcl_forgetting=0.1)),
 }
 
 _SUBJECTS = ["the old ferry", "a tired nurse", "my neighbour's dog", "the city council", "a small robot",
@@ -105,9 +112,10 @@ def observe(front_end: str, trainer) -> dict[str, dict[str, torch.Tensor]]:
         return groups
     loss = trainer.loss
     modules = {"queue": ["queue"], "target": ["target_encoder", "target_head"], "online": ["model", "online_head"]}
-    return {group: {f"{name}.{k}": v for name in names
-                    for k, v in (trainer.model if name == "model" else getattr(loss, name)).state_dict().items()}
-            for group, names in modules.items()}
+    owners = {name: trainer.model if name == "model" else getattr(loss, name) for names in modules.values()
+              for name in names}  # a method without a target or a queue has None there
+    return {group: {f"{name}.{k}": v for name in names if owners[name] is not None
+                    for k, v in owners[name].state_dict().items()} for group, names in modules.items()}
 
 
 def run_trainer_case(settings: dict, encoders: tuple[str, str], output_dir: str):

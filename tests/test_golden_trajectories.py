@@ -1,5 +1,13 @@
-"""Golden trajectories (issue 34, "record before you move"): every method under both front ends, in 1 and 2
-processes, reproduces the runs recorded by main 06fdda5, before the redesign moved any code.
+"""Golden trajectories ("record before you move"): every method under both front ends, in 1 and 2 processes,
+reproduces the runs recorded by main ed2dd22, before the branches were built once (issue 43). First recorded by
+main 06fdda5 (issue 34); re-recorded at ed2dd22, with the ESimCSE cases and SimCSE/IFCL under `MoCoSELoss` added,
+because the CPU the fixtures came from and this one round float32 sums differently (every case differed from the
+first step by ~1e-6 with the same library versions) and no MKL/oneDNN/ATen ISA setting made them agree.
+
+The float32 kernels that torch picks depend on the CPU's instruction sets, so the runs are bit-identical only on
+a CPU with the instruction sets of the one that recorded them (`hardware()`, kept in golden.json). On another
+CPU every run is compared within `OTHER_CPU_TOLERANCE` instead, and the test says so: a change of behaviour moves
+the losses by far more than that, the kernels' rounding (seen: <= 2e-6 after 6 steps) by less.
 
 tests/golden_worker.py trains each case (`CASES` there) on a tiny random BERT for 6 optimizer steps, seeded,
 on one CPU thread per process, and records:
@@ -21,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -36,7 +45,7 @@ from golden_worker import CASES, build_encoders  # noqa: E402
 
 WORKER = HERE / "golden_worker.py"
 FIXTURES = HERE / "fixtures" / "golden"
-RECORDED_WITH = "main 06fdda5"
+RECORDED_WITH = "main ed2dd22"
 FULL_LIMIT = 20_000  # queue and target tensors up to this many elements are kept in full; larger ones as digests
 SAMPLES = {"queue": 512, "target": 512, "online": 64}  # strided sample size of a digest, by group
 PROCESSES = (1, 2)
@@ -45,6 +54,21 @@ PROCESSES = (1, 2)
 # to 1e-6 only when the redesign changed the order of its random draws (or of its float sums), and the entry
 # must say so in a comment beside it.
 TOLERANCE: dict[str, float] = {}
+OTHER_CPU_TOLERANCE = 1e-5  # every run, on a CPU whose instruction sets differ from the recording one's
+# The instruction sets that decide which float32 kernels MKL, oneDNN and ATen run.
+KERNEL_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+                    "amx_tile", "amx_bf16")
+
+
+def hardware() -> dict:
+    """What decides the float32 kernels: the architecture, torch's CPU capability and the CPU's `KERNEL_ISA_FLAGS`."""
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.is_file() else ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return {"machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa": sorted(set(flags) & set(KERNEL_ISA_FLAGS))}
 
 
 def run_id(case: str, n_proc: int) -> str:
@@ -114,7 +138,8 @@ def library_versions() -> dict[str, str]:
 
 def to_fixture(runs: dict[str, dict]) -> tuple[dict, dict[str, torch.Tensor]]:
     """The JSON part and the tensors (safetensors keys "<run id>|<name>" and "<run id>|<name>|sample")."""
-    document, tensors = {"recorded_with": RECORDED_WITH, "versions": library_versions(), "runs": {}}, {}
+    document = {"recorded_with": RECORDED_WITH, "versions": library_versions(), "hardware": hardware(), "runs": {}}
+    tensors = {}
     for rid, run in sorted(runs.items()):
         entry = {"losses": run["losses"], "full": {}, "digests": {}}
         for group, state in run["state"].items():
@@ -214,8 +239,12 @@ def _check(golden, case, n_proc):
     runs, document, tensors = golden
     rid = run_id(case, n_proc)
     assert document["recorded_with"] == RECORDED_WITH
-    problems = differences(runs[rid], document, tensors, rid, TOLERANCE.get(rid, 0.0))
-    assert not problems, f"{rid} does not reproduce its golden trajectory:\n" + "\n".join(problems[:25])
+    same_cpu = document.get("hardware") == hardware()
+    atol = TOLERANCE.get(rid, 0.0) if same_cpu else OTHER_CPU_TOLERANCE
+    problems = differences(runs[rid], document, tensors, rid, atol)
+    where = "" if same_cpu else (f" (recorded on {document.get('hardware')}, run on {hardware()}: compared within {atol}, "
+                                 "not bit for bit)")
+    assert not problems, f"{rid} does not reproduce its golden trajectory{where}:\n" + "\n".join(problems[:25])
 
 
 @pytest.mark.parametrize("n_proc", [1])
