@@ -17,47 +17,24 @@ persistent state, so `save_pretrained` / `from_pretrained` restore a run exactly
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
-from transformers.utils import ModelOutput
 
+from .branches import ContrastiveBranches, Encoders, MoCoSEOutput
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
-from .ema import EMATensorPairs, ema_tensor_pairs, local_shards
+from .ema import EMATensorPairs, local_shards
 from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
                            set_encoder_dropout, start_from_pretrained)
-from .heads import build_predictor, build_projection, head_linear, init_head_weights
+from .heads import init_head_weights
 from .pooling import pool_sentence_embedding
-from .queue import KeyQueue
 
-
-@dataclass
-class MoCoSEOutput(ModelOutput):
-    """Output of `MoCoSEModel.forward` (and of `MoCoSELoss`'s `encode`).
-
-    Attributes:
-        query: `(B, D)` online branch output (after the predictor), with gradient.
-        key: `(B, D)` target branch output (detached) for "mocose"; the second dropout view (with gradient) else.
-        word_embeddings: `(B, L, H)` the online word embeddings, FGSM perturbation added.
-        negative_keys / negative_queries: `(U, D)` hard negatives through the key / query branch (UNA), or None.
-        target_embedding: `(B, D)` ESimCSE's momentum-encoder embeddings of the anchors (the queue's), or None.
-        fraternal_query: `(B, D)` IFCL's fraternal view, or None.
-        input_embeddings: `(2, B, H)` mean input embeddings of the anchor and the fraternal view (Twins), or None.
-        fgsm_gradient_at: `(B, L, H)` where FGSM reads the gradient (`word_embeddings` or the caller's
-            `inputs_embeds`: a compiled module gives gradients to its inputs only).
-    """
-
-    query: torch.Tensor | None = None
-    key: torch.Tensor | None = None
-    word_embeddings: torch.Tensor | None = None
-    negative_keys: torch.Tensor | None = None
-    target_embedding: torch.Tensor | None = None
-    fraternal_query: torch.Tensor | None = None
-    input_embeddings: torch.Tensor | None = None
-    negative_queries: torch.Tensor | None = None
-    fgsm_gradient_at: torch.Tensor | None = None
+__all__ = ["MoCoSEModel", "MoCoSEOutput"]
+# `ContrastiveBranches` field -> the module's name in `MoCoSEModel` (the names of its saved weights).
+BRANCH_MODULE_NAMES = {"pooler": "online_pooler", "projection": "online_projection", "predictor": "predictor",
+                       "target_encoder": "target_encoder", "target_pooler": "target_pooler",
+                       "target_projection": "target_projection", "queue": "queue"}
 
 
 class MoCoSEModel(PreTrainedModel):
@@ -77,30 +54,28 @@ class MoCoSEModel(PreTrainedModel):
     def __init__(self, config: MoCoSEConfig):
         super().__init__(config)
         set_encoder_dropout(config.encoder_config, config.encoder_dropout)
-        hidden, dropout, init = config.hidden_size, config.head_dropout, config.head_init
-        key_dim = config.key_dim  # keys, queries and queue: projection_dim (the reference's out_size) or hidden
         self.online_encoder = build_encoder(config.encoder_config)
-        self.online_pooler = head_linear(hidden, hidden, init)
-        self.online_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
-        if config.keys_from_target:
-            self.predictor = build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init)
-        if config.uses_target:  # ESimCSE's momentum encoder is an encoder only: it shares the online heads
-            self.target_encoder = build_encoder(config.encoder_config)
-            self.target_encoder.set_input_embeddings(nn.Embedding(1, hidden))  # shared: see module docstring
-        if config.keys_from_target:
-            self.target_pooler = head_linear(hidden, hidden, init)
-            self.target_projection = build_projection(hidden, config.projection_layers, dropout, init, key_dim)
-        if config.uses_queue:
-            self.queue = KeyQueue(config.queue_size, key_dim, config.queue_init_size)
+        branches = ContrastiveBranches.build(config, config.hidden_size, self._build_target_encoder)
+        for field, name in BRANCH_MODULE_NAMES.items():
+            if getattr(branches, field) is not None:
+                setattr(self, name, getattr(branches, field))
         if config.fraternal_vocab_size:
             # IFCL: a second (e.g. other-language) model's word embeddings for the fraternal view; frozen.
-            self.fraternal_embeddings = nn.Embedding(config.fraternal_vocab_size, hidden)
+            self.fraternal_embeddings = nn.Embedding(config.fraternal_vocab_size, config.hidden_size)
             self.fraternal_embeddings.requires_grad_(False)
         self.post_init()
-        if config.uses_target:
-            for module in self.target_modules():
-                module.requires_grad_(False)
-            self.copy_online_to_target()
+        self.copy_online_to_target()
+
+    def _build_target_encoder(self) -> nn.Module:
+        encoder = build_encoder(self.config.encoder_config)
+        encoder.set_input_embeddings(nn.Embedding(1, self.config.hidden_size))  # shared: see module docstring
+        return encoder
+
+    @property
+    def branches(self) -> ContrastiveBranches:
+        """The heads, target and queue as `ContrastiveBranches` (a view of this model's modules)."""
+        return ContrastiveBranches(self.config, **{field: getattr(self, name, None)
+                                                   for field, name in BRANCH_MODULE_NAMES.items()})
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -176,25 +151,21 @@ class MoCoSEModel(PreTrainedModel):
 
     def head_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the online heads (pooler, projection, predictor), not the encoder's."""
-        heads = [self.online_pooler, self.online_projection] + ([self.predictor] if self.config.keys_from_target else [])
-        return [p for module in heads for p in module.parameters() if p.requires_grad]
+        return [p for module in self.branches.online_heads() for p in module.parameters() if p.requires_grad]
 
     # ----------------------------------------------------------------- target branch
     def target_modules(self) -> list[nn.Module]:
         """The modules of the target branch (empty for methods without one)."""
-        if not self.config.uses_target:
-            return []
-        return [self.target_encoder, *([self.target_pooler, self.target_projection] if self.config.keys_from_target else [])]
+        return self.branches.target_modules()
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
         """Matching tensors of both branches for the EMA update: `(online_params, target_params, online_copied,
         target_copied)`, averaged / copied (buffers; the embedding module with `shared_embeddings="module"`)."""
-        online = (self.online_encoder, self.online_pooler, self.online_projection)
         shared = self.online_encoder.get_input_embeddings().weight
         copied_online, copied_target = self._shared_embedding_module_tensors()
-        online_p, target_p, online_b, target_b = ema_tensor_pairs(zip(online, self.target_modules()),
-                                                                  skip=[shared, *copied_online])
-        return online_p, target_p, online_b + copied_online, target_b + copied_target
+        online_p, target_p, online_b, target_b = self.branches.ema_parameter_pairs(self.online_encoder,
+                                                                                   skip=[shared, *copied_online])
+        return EMATensorPairs(online_p, target_p, online_b + copied_online, target_b + copied_target)
 
     def _shared_embedding_module_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """With `shared_embeddings="module"`: the embedding module's online and target parameters (words aside)."""
@@ -222,9 +193,7 @@ class MoCoSEModel(PreTrainedModel):
 
     def train(self, mode: bool = True) -> "MoCoSEModel":
         super().train(mode)
-        if mode and self.config.uses_target and not self.config.target_dropout:
-            for module in self.target_modules():
-                module.eval()
+        self.branches.set_training(mode)  # the target without dropout unless `target_dropout`
         return self
 
     # ----------------------------------------------------------------- forward
@@ -234,6 +203,18 @@ class MoCoSEModel(PreTrainedModel):
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
         return pool_sentence_embedding(hidden, attention_mask, "mean" if self.config.sentence_pooling == "mean" else "cls")
+
+    def _encoder(self, encoder: nn.Module, augmentation=None, detach: bool = False):
+        """An `Encode` for `ContrastiveBranches`: inputs `(word embeddings (B, L, H), mask, token types)`, FGSM's
+        delta added, then the view's `augmentation`, then `encoder` reading them as `inputs_embeds`."""
+        def encode(inputs, perturbation):
+            embeddings, mask, types = inputs
+            words = embeddings if perturbation is None else embeddings + perturbation
+            view = words.detach() if detach else words
+            if augmentation is not None:
+                view = augmentation(view, mask)
+            return self._encode_sentence(encoder, view, mask, types), words
+        return encode
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, embedding_perturbation: torch.Tensor | None = None,
@@ -246,12 +227,12 @@ class MoCoSEModel(PreTrainedModel):
                 positive_attention_mask: torch.Tensor | None = None,
                 positive_token_type_ids: torch.Tensor | None = None, negatives_as_anchors: bool = False,
                 inputs_embeds: torch.Tensor | None = None) -> MoCoSEOutput:
-        """Runs both views of a batch (and its hard negatives, if any).
+        """Runs both views of a batch (and its hard negatives, if any) through `ContrastiveBranches`.
 
         Args:
             input_ids, attention_mask, token_type_ids: `(B, L)`.
             embedding_perturbation: `(B, L, H)` added to the online word embeddings (FGSM), or None.
-            perturb_target: whether the target branch sees the perturbed embeddings too.
+            perturb_target: whether the target branch sees the perturbation too.
             online_augmentation, key_augmentation: `f(embeddings (B, L, H), attention_mask (B, L)) -> (B, L, H)`
                 on the query's / the key's word embeddings (token shuffle / cutoff), drawn independently.
             negative_input_ids, negative_attention_mask, negative_token_type_ids: `(U, L')` hard negatives,
@@ -271,47 +252,22 @@ class MoCoSEModel(PreTrainedModel):
             attention_mask = torch.ones_like(input_ids)
         embed_tokens = self.online_encoder.get_input_embeddings()
         clean = embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        word_embeddings = clean if embedding_perturbation is None else clean + embedding_perturbation
+        target = getattr(self, "target_encoder", None)
+        encoders = Encoders(self._encoder(self.online_encoder, online_augmentation),
+                            self._encoder(self.online_encoder, key_augmentation),
+                            None if target is None else self._encoder(target, key_augmentation, detach=True),
+                            None if target is None else self._encoder(target, detach=True))
 
-        def online(embeddings, mask, types, augmentation=online_augmentation):
-            if augmentation is not None:
-                embeddings = augmentation(embeddings, mask)
-            return self._online_head(self._encode_sentence(self.online_encoder, embeddings, mask, types))
+        def given(ids, mask, types):  # a positive or hard negatives: the word embeddings of other text
+            return None if ids is None else (embed_tokens(ids), mask, types)
 
-        def query_branch(embeddings, mask, types):
-            query = online(embeddings, mask, types)
-            return self.predictor(query) if self.config.keys_from_target else query
-
-        def key_branch(embeddings, mask, types):
-            """Keys: the EMA target (no gradient) for MoCoSE, a second online dropout view otherwise."""
-            return (target_branch if self.config.keys_from_target else online)(embeddings, mask, types, key_augmentation)
-
-        def target_branch(embeddings, mask, types, augmentation):
-            with torch.no_grad():
-                embeddings = embeddings.detach()
-                if augmentation is not None:
-                    embeddings = augmentation(embeddings, mask)
-                head = self._target_head if self.config.keys_from_target else self._online_head  # ESimCSE: online MLP
-                return head(self._encode_sentence(self.target_encoder, embeddings, mask, types))
-
-        query = query_branch(word_embeddings, attention_mask, token_type_ids)
-        if positive_input_ids is not None:  # a given positive (e.g. a paraphrase) instead of the sentence itself
-            key = key_branch(embed_tokens(positive_input_ids), positive_attention_mask, positive_token_type_ids)
-        elif self.config.keys_from_target:
-            key = key_branch(word_embeddings if perturb_target else clean, attention_mask, token_type_ids)
-        else:
-            key = key_branch(word_embeddings, attention_mask, token_type_ids)
-        negatives = negative_queries = None
-        if negative_input_ids is not None:
-            negative_embeddings = embed_tokens(negative_input_ids)
-            negatives = key_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
-            if negatives_as_anchors:
-                negative_queries = query_branch(negative_embeddings, negative_attention_mask, negative_token_type_ids)
-        target = (target_branch(clean, attention_mask, token_type_ids, None)
-                  if self.config.queues_target_embeddings else None)
-        output = MoCoSEOutput(query=query, key=key, word_embeddings=word_embeddings, negative_keys=negatives,
-                              target_embedding=target, negative_queries=negative_queries,
-                              fgsm_gradient_at=word_embeddings if inputs_embeds is None else inputs_embeds)
+        output = self.branches.forward(
+            encoders, (clean, attention_mask, token_type_ids),
+            given(positive_input_ids, positive_attention_mask, positive_token_type_ids), embedding_perturbation,
+            perturb_target, given(negative_input_ids, negative_attention_mask, negative_token_type_ids),
+            negatives_as_anchors)
+        if inputs_embeds is not None:
+            output.fgsm_gradient_at = inputs_embeds
         if fraternal_input_ids is not None:
             self._fraternal_view(output, fraternal_input_ids, fraternal_attention_mask, attention_mask)
         return output
@@ -326,15 +282,9 @@ class MoCoSEModel(PreTrainedModel):
         epsilon = self.config.fraternal_fusion
         fused = epsilon * output.word_embeddings + (1.0 - epsilon) * self.fraternal_embeddings(ids)
         mask = torch.maximum(anchor_mask, fraternal_mask)
-        output.fraternal_query = self._online_head(self._encode_sentence(self.online_encoder, fused, mask, None))
+        output.fraternal_query = self.branches.online_key(self._encode_sentence(self.online_encoder, fused, mask, None))
         output.input_embeddings = torch.stack([pool_sentence_embedding(output.word_embeddings, anchor_mask, "mean"),
                                                pool_sentence_embedding(fused, mask, "mean")])
-
-    def _online_head(self, cls_state: torch.Tensor) -> torch.Tensor:
-        return self.online_projection(self.online_pooler(cls_state))
-
-    def _target_head(self, cls_state: torch.Tensor) -> torch.Tensor:
-        return self.target_projection(self.target_pooler(cls_state))
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

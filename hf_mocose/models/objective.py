@@ -1,23 +1,21 @@
-"""One contrastive training step for every method, shared by both front ends.
+"""The training step of every method, shared by both front ends: FGSM, then the loss of a forward, then the enqueue.
 
-`MoCoSETrainer.compute_loss` (a `MoCoSEModel`) and `MoCoSELoss.forward` (any `SentenceTransformer`) are
-thin adapters: each hands `ContrastiveObjective.step` one function, `encode(perturbation, probe)`, that
-runs its branches on the batch and returns a `MoCoSEOutput`. Everything else happens here, in order:
+`MoCoSETrainer.compute_loss` (a `MoCoSEModel`) and `MoCoSELoss.forward` (any `SentenceTransformer`) run the same
+four lines (`ContrastiveObjective`'s docstring), passing data from one to the next:
 
-1. FGSM on the online word embeddings: "previous" reuses the sign the last backward left (no extra
-   pass), "exact" runs one probe pass on the clean batch and takes its gradient's sign.
-2. The forward: queries `(B, D)` from the online branch, keys `(B, D)` from the EMA target (no gradient)
-   or a second dropout view (SimCSE, IFCL, ESimCSE: of the word-repeated positive), optional hard negatives
-   and IFCL's fraternal view.
-3. The negatives: the global batch's other keys (gathered from every process, in rank order), the
-   queue with its age windows and IFCL's forgetting weights, UNA's hard negatives.
-4. InfoNCE (`info_nce_loss`), plus IFCL's fraternal InfoNCE and Twins loss.
-5. The enqueue of the step's keys (MoCoSE: target keys; ESimCSE: the momentum encoder's anchors; IFCL: online
-   anchors), at the end of the loss's
-   backward pass. Why there: the loss must never see its own keys as negatives, and a forward that the
-   backward recomputes (gradient checkpointing) must see the queue the loss saw; both front ends then
-   enqueue at the same point without a hook of their own (the Trainer's `training_step` and
-   sentence-transformers' loss call differ, the autograd engine is the same).
+1. FGSM's delta on the online word embeddings (`perturbation`): "previous" reuses the sign the last backward left
+   (no extra pass), "exact" takes the sign of the loss's gradient on a probe forward of the clean batch.
+2. The front end's forward with that delta (`models.branches.ContrastiveBranches`, not here): queries `(B, D)`
+   from the online branch, keys `(B, D)` from the EMA target (no gradient) or a second dropout view (SimCSE, IFCL,
+   ESimCSE: of the word-repeated positive), optional hard negatives and IFCL's fraternal view.
+3. The loss of its outputs (`__call__`): the negatives (the global batch's other keys, gathered from every process
+   in rank order; the queue with its age windows and IFCL's forgetting weights; UNA's hard negatives), InfoNCE
+   (`info_nce_loss`) plus IFCL's fraternal InfoNCE and Twins loss, and the step metrics (`logged_metrics`).
+4. The enqueue of the step's keys (MoCoSE: target keys; ESimCSE: the momentum encoder's anchors; IFCL: online
+   anchors), at the end of the loss's backward pass. Why there: the loss must never see its own keys as
+   negatives, and a forward that the backward recomputes (gradient checkpointing) must see the queue the loss
+   saw; both front ends then enqueue at the same point without a hook of their own (the Trainer's
+   `training_step` and sentence-transformers' loss call differ, the autograd engine is the same).
 
 FGSM (Goodfellow et al.): x' = x + epsilon * sign(grad_x L) on the online word embeddings `(B, L, H)`.
 epsilon is "absolute" (the paper's 5e-9, about one float32 ulp of an entry: it rounds away in bf16) or
@@ -26,7 +24,7 @@ Mode "previous" (the reference code's, free) reuses the sign the last backward l
 to this batch's shape; "exact" pays one probe forward/backward; "off". More in docs/methods.md.
 
 The EMA update of the target runs after the optimizer step, in `hf_mocose.models.ema`.
-Read one step in this order: this module, `modeling.py` (what `encode` runs), `queue.py`, `ema.py`.
+Read one step in this order: this module, `branches.py` (the forward), `queue.py`, `ema.py`.
 """
 
 from __future__ import annotations
@@ -41,17 +39,13 @@ from torch import Tensor
 from torch.autograd import Variable
 from torch.nn import functional as F
 
+from ..methods.mtd import max_traceable_distance
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
-from .modeling import MoCoSEOutput
+from .branches import MoCoSEOutput
 from .queue import KeyQueue
 
 # Each process's FGSM "previous" sign in a checkpoint folder, written and read by both front ends.
 FGSM_STATE_FILE = "fgsm_rank{rank}.pt"
-
-# encode(perturbation (B, L, H) or None, probe) -> MoCoSEOutput. probe=True: FGSM "exact"'s clean pass, run on the
-# unwrapped model so that DDP's gradient hooks never fire for it (autograd.grad reaches only the embeddings).
-Encode = Callable[[Tensor | None, bool], MoCoSEOutput]
-
 
 class FGSMPerturbation:
     """The FGSM settings (`fgsm_mode`, `fgsm_epsilon`, `fgsm_views`, `fgsm_epsilon_unit`, checked by
@@ -159,7 +153,12 @@ def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:
 
 
 class ContrastiveObjective:
-    """The training step of every method; the methods differ only in `config`.
+    """The training step of every method; the methods differ only in `config`. A front end runs, top to bottom:
+
+        probe = model(batch) if objective.fgsm.mode == "exact" else None     # FGSM "exact": a clean pass
+        perturbation = objective.perturbation(embedding_shape, probe, queue)   # FGSM's delta, or None
+        outputs = model(batch, perturbation)                                   # queries, keys (`ContrastiveBranches`)
+        result = objective(outputs, queue)                                     # InfoNCE; the enqueue after backward
 
     Args:
         config: what the method is: `method` ("mocose", "simcse", "ifcl", "esimcse"), `contrastive_temperature`,
@@ -167,57 +166,56 @@ class ContrastiveObjective:
         fgsm: the FGSM settings and the "previous" sign (`FGSMPerturbation`; mode "off" for no FGSM).
         queue_age_slices: age ranges of the queue used as negatives (`queue_slice`), or None for all.
         forgetting: IFCL's lambda (`ifcl_forgetting`: the forgetting weight per queued batch), or None.
-        queue_window: returns the newest queue entries in use at this step (`target_mtd`), or None for all.
-        keys_per_enqueue: returns the keys one step enqueues (IFCL's N in its forgetting weights).
+        queue_window: `queue_window(decay=None)`, the newest queue entries in use at this step or at that EMA decay
+            (`target_mtd`), or None for all.
     """
 
     def __init__(self, config, fgsm: FGSMPerturbation, *, queue_age_slices: list[tuple[int, int]] | None = None,
-                 forgetting: float | None = None, queue_window: Callable[[], int | None] | None = None,
-                 keys_per_enqueue: Callable[[], int] | None = None):
+                 forgetting: float | None = None, queue_window: Callable[..., int | None] | None = None):
         self.config, self.fgsm = config, fgsm
         self.queue_age_slices = queue_age_slices
         self.forgetting = forgetting if config.method == "ifcl" else None
-        self.queue_window = queue_window or (lambda: None)
-        self.keys_per_enqueue = keys_per_enqueue
+        self.queue_window = queue_window or (lambda decay=None: None)
+        self.keys_per_batch = 0  # keys one training micro-batch enqueued, all processes (B of d_trace, IFCL's N)
         self.metric_sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(()))
         self.metric_steps = 0
 
+    @classmethod
+    def from_settings(cls, config, settings, **kwargs) -> "ContrastiveObjective":
+        """The objective of `config`'s method with the FGSM and IFCL values of `settings` (a mapping of the method
+        settings: `MoCoSETrainingArguments` or `MoCoSELoss`'s); FGSM only for a method with target keys."""
+        fgsm = FGSMPerturbation(settings["fgsm_mode"] if config.keys_from_target else "off", settings["fgsm_epsilon"],
+                                settings["fgsm_views"], settings["fgsm_epsilon_unit"])
+        return cls(config, fgsm, forgetting=settings["ifcl_forgetting"], **kwargs)
+
     # ----------------------------------------------------------------- the step
-    def step(self, encode: Encode, queue: KeyQueue | None, embedding_shape: torch.Size,
-             training: bool) -> tuple[ContrastiveLossOutput, MoCoSEOutput]:
-        """One step: FGSM, the forward, the loss; in training also FGSM's tracking and the enqueue.
-
-        Args:
-            encode: the front end's forward (see `Encode`).
-            queue: the `KeyQueue` of past keys, or None for methods without one.
-            embedding_shape: `(B, L, H)` of the online word embeddings (FGSM "previous" fits its sign to it).
-            training: whether this is a training step (FGSM, tracking, enqueue and metrics only then).
-
-        Returns:
-            The loss output (`loss` scalar, cosine statistics) and the forward's `MoCoSEOutput`.
-        """
-        perturbation = self._fgsm_perturbation(encode, queue, embedding_shape) if training else None
-        outputs = encode(perturbation, False)
-        if training:
-            self.fgsm.track(outputs.word_embeddings, gradient_at=outputs.fgsm_gradient_at)
-        result, keys = self.loss(outputs, queue, training)
-        if training:
-            if queue is not None:  # MoCoSE queues target keys, ESimCSE momentum embeddings, IFCL online anchors
-                queued = keys.detach() if self.config.keys_from_target else gather(
-                    (outputs.query if outputs.target_embedding is None else outputs.target_embedding).detach(), False)
-                run_after_backward(result.loss, lambda: queue.enqueue(queued))
-            self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
-                              "key_cos": mean_pairwise_cosine(keys)})
-        return result, outputs
-
-    def _fgsm_perturbation(self, encode: Encode, queue: KeyQueue | None, shape: torch.Size) -> Tensor | None:
+    def perturbation(self, embedding_shape: torch.Size, probe: MoCoSEOutput | None = None,
+                     queue: KeyQueue | None = None) -> Tensor | None:
+        """FGSM's `(B, L, H)` delta for a training step on word embeddings of `embedding_shape`: "previous" fits the
+        sign the last backward left; "exact" takes the sign of the loss's gradient on `probe`, the forward of the
+        clean batch (run on the unwrapped model, so that DDP's gradient hooks never fire for it); None for "off"."""
         if self.fgsm.mode == "previous":
-            return self.fgsm.previous_perturbation(shape)
+            return self.fgsm.previous_perturbation(embedding_shape)
         if self.fgsm.mode == "exact":
-            clean = encode(None, True)
-            (gradient,) = torch.autograd.grad(self.loss(clean, queue, False)[0].loss, clean.fgsm_gradient_at)
-            return self.fgsm.step(gradient, clean.fgsm_gradient_at)
+            (gradient,) = torch.autograd.grad(self.loss(probe, queue)[0].loss, probe.fgsm_gradient_at)
+            return self.fgsm.step(gradient, probe.fgsm_gradient_at)
         return None
+
+    def __call__(self, outputs: MoCoSEOutput, queue: KeyQueue | None, training: bool = True) -> ContrastiveLossOutput:
+        """The loss of a forward's `outputs`; in training also FGSM's tracking, the step metrics and, at the end of
+        the loss's backward, the enqueue of the step's keys (module docstring, 5)."""
+        if not training:
+            return self.loss(outputs, queue)[0]
+        self.fgsm.track(outputs.word_embeddings, gradient_at=outputs.fgsm_gradient_at)
+        result, keys = self.loss(outputs, queue, training)
+        self.keys_per_batch = keys.shape[0]
+        if queue is not None:  # MoCoSE queues target keys, ESimCSE momentum embeddings, IFCL online anchors
+            queued = keys.detach() if self.config.keys_from_target else gather(
+                (outputs.query if outputs.target_embedding is None else outputs.target_embedding).detach(), False)
+            run_after_backward(result.loss, lambda: queue.enqueue(queued))
+        self._accumulate({"pos_cos": result.positive_cosine, "neg_cos": result.negative_cosine,
+                          "key_cos": mean_pairwise_cosine(keys)})
+        return result
 
     # ----------------------------------------------------------------- the loss
     def loss(self, outputs: MoCoSEOutput, queue: KeyQueue | None,
@@ -235,7 +233,7 @@ class ContrastiveObjective:
             negatives.append(queue.keys)
             weights.append(queue.negative_weights(
                 age_slices=self.queue_age_slices, newest=self.queue_window(), forgetting=self.forgetting,
-                entries_per_batch=self.keys_per_enqueue() if self.keys_per_enqueue else keys.shape[0]))
+                entries_per_batch=keys.shape[0]))
         if outputs.negative_keys is not None:  # hard negatives: shared by all anchors of the global batch
             hard = gather(outputs.negative_keys, with_grad)
             if outputs.negative_queries is not None:  # UNA as in its paper: anchors too, with their own positive
@@ -284,3 +282,31 @@ class ContrastiveObjective:
         self.metric_sums.clear()
         self.metric_steps = 0
         return {name: total / steps for name, total in sums.items()} if steps else {}
+
+    def logged_metrics(self, queue: KeyQueue | None, decay: float | None,
+                       accumulation_steps: int = 1) -> dict[str, float]:
+        """The step metrics of a logging step, as both front ends log them: `pop_metrics` averaged over the
+        processes (one all-reduce), `queue_fill`, and with an EMA target the last `ema_decay` and `d_trace`.
+
+        d_trace = 1/(1-eta) + K/B (`methods.mtd`): K the queue entries in use at that decay (`queue_window`, else
+        the oldest `queue_age_slices` age, else the queue), B the keys enqueued per optimizer step: the last
+        training batch of all processes times `accumulation_steps`. {} when no training step ran since the last call.
+        """
+        metrics = self.pop_metrics()
+        if not metrics:
+            return {}
+        values = torch.stack([value.float() for value in metrics.values()])
+        if get_world_size() > 1:
+            torch.distributed.all_reduce(values)  # SUM, then divide: gloo has no AVG
+            values /= get_world_size()
+        logs = {name: round(value, 4) for name, value in zip(metrics, values.tolist())}
+        if queue is not None:
+            logs["queue_fill"] = int(queue.queue_fill)
+        if decay is not None:
+            reach = self.queue_window(decay)
+            if reach is None:
+                slices = self.queue_age_slices
+                reach = min(max(end for _, end in slices), queue.capacity) if slices else queue.capacity
+            logs["ema_decay"] = round(decay, 6)
+            logs["d_trace"] = round(max_traceable_distance(decay, reach, self.keys_per_batch * accumulation_steps), 4)
+        return logs

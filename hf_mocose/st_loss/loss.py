@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -21,11 +22,10 @@ from torch import Tensor, nn
 
 from ..methods.augmentation import repeat_words_in_batch
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
-from ..models.ema import EMATensorPairs, ema_tensor_pairs
-from ..models.heads import build_predictor, build_projection, head_linear, init_head_weights
-from ..models.modeling import MoCoSEOutput
+from ..models.branches import ContrastiveBranches, Encoders
+from ..models.ema import EMATensorPairs
+from ..models.heads import init_head_weights
 from ..models.objective import ContrastiveObjective, FGSMPerturbation
-from ..models.queue import KeyQueue
 from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, SETTINGS, take_settings, with_keywords
 from ..training.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback, check_training_data, load_loss_state, save_loss_state
@@ -138,31 +138,21 @@ class MoCoSELoss(nn.Module):
         s = self.settings
         refuse_sharded_loss_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
         config = MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS})
-        # FGSM perturbs what the target sees too; methods without a target run without it (as in MoCoSETrainer).
-        fgsm = FGSMPerturbation(s["fgsm_mode"] if config.keys_from_target else "off", s["fgsm_epsilon"], s["fgsm_views"],
-                                s["fgsm_epsilon_unit"])
-        self.objective = ContrastiveObjective(config, fgsm, forgetting=s["ifcl_forgetting"])
+        self.objective = ContrastiveObjective.from_settings(config, s)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
         hidden = model.get_embedding_dimension()
         if not hidden:
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
-        heads = OrderedDict(pooler=head_linear(hidden, hidden, s["head_init"]),
-                            projection=build_projection(hidden, s["projection_layers"], s["head_dropout"], s["head_init"]))
-        if config.keys_from_target:  # the predictor sits on the online branch of a method with target keys only
-            heads["predictor"] = build_predictor(hidden, s["predictor_layers"], s["predictor_dim"], s["head_dropout"],
-                                                 s["head_init"])
-        self.online_head = nn.Sequential(heads)
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
-        self.online_head.apply(partial(init_head_weights, std=std))
-        self.target_encoder = self.target_head = self.queue = None
-        if config.uses_target:  # ESimCSE's momentum encoder shares the online heads (the authors' code)
-            self.target_encoder = copy.deepcopy(model).requires_grad_(False)
-        if config.keys_from_target:
-            self.target_head = copy.deepcopy(self.online_head[:2]).requires_grad_(False)  # pooler + projection
-        if config.uses_queue:
-            self.queue = KeyQueue(s["queue_size"], hidden, s["queue_init_size"])
+        branches = ContrastiveBranches.build(config, hidden, partial(copy.deepcopy, model), key_dim=hidden,
+                                             init_online_heads=lambda m: m.apply(partial(init_head_weights, std=std)))
+        heads = OrderedDict(pooler=branches.pooler, projection=branches.projection, predictor=branches.predictor)
+        self.online_head = nn.Sequential(OrderedDict((k, m) for k, m in heads.items() if m is not None))
+        self.target_head = None if branches.target_pooler is None else nn.Sequential(
+            OrderedDict(pooler=branches.target_pooler, projection=branches.target_projection))
+        self.target_encoder, self.queue = branches.target_encoder, branches.queue
         self._ready, self._restored = False, None
         if "callback" in self.__dict__:
             self.callback.bind(self)
@@ -207,14 +197,17 @@ class MoCoSELoss(nn.Module):
 
         return CITATIONS["mocose"] + ("\n" + CITATIONS["esimcse"] if self.objective.config.method == "esimcse" else "")
 
+    @property
+    def branches(self) -> ContrastiveBranches:
+        """The heads, target and queue as `ContrastiveBranches` (a view of this loss's modules)."""
+        head, target = self.online_head, self.target_head
+        return ContrastiveBranches(self.objective.config, head.pooler, head.projection, head._modules.get("predictor"),
+                                   self.target_encoder, None if target is None else target.pooler,
+                                   None if target is None else target.projection, self.queue)
+
     def ema_parameter_pairs(self) -> EMATensorPairs:
         """Online tensors (model, pooler, projection) and their target copies, for `EMATargetCallback`."""
-        if self.target_encoder is None:
-            return EMATensorPairs([], [], [], [])
-        online = (self.online_model, self.online_head.pooler, self.online_head.projection)
-        target = (self.target_encoder,) + ((self.target_head.pooler, self.target_head.projection)
-                                           if self.target_head is not None else ())  # ESimCSE: the encoder only
-        return ema_tensor_pairs(zip(online, target))
+        return self.branches.ema_parameter_pairs(self.online_model)
 
     # ----------------------------------------------------------------- loss
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
@@ -237,51 +230,43 @@ class MoCoSELoss(nn.Module):
         if labels is not None or len(features) not in (1, 2):
             raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "
                              f"labels; got {len(features)} text column(s){' and labels' if labels is not None else ''}.")
-        self.online_head.train(training)
-        for module in (self.target_encoder, self.target_head):
-            if module is not None:
-                module.train(training and self.settings["target_dropout"])
+        branches = self.branches
+        branches.set_training(training)
         anchor, positive = features[0], features[-1]
         rate = self.settings["word_repetition_rate"]
         if training and rate:  # ESimCSE's word repetition of the positive (`methods.augmentation.repeat_words`)
             positive = repeat_words_in_batch(positive, rate, None, self.online_model.tokenizer.pad_token_id or 0)
-        # the target reads the perturbed anchor too
-        same_input = len(features) == 1 and self.fgsm.perturb_target and not (training and rate)
-
-        def encode(perturbation: Tensor | None, probe: bool) -> MoCoSEOutput:
-            model = self.online_model if probe else self.model
-            query, words, autocast = self._queries(model, anchor, perturbation)
-            if self.target_head is None:  # SimCSE, IFCL, ESimCSE: the key is a second dropout view, with its gradient
-                key = self.online_head(model(dict(positive))["sentence_embedding"])
-            else:
-                key = self._keys(positive, perturbation if same_input else None, autocast)
-            return MoCoSEOutput(query=query, key=key, word_embeddings=words, fgsm_gradient_at=words,
-                                target_embedding=self._keys(anchor, None, autocast)
-                                if self.objective.config.queues_target_embeddings else None)
-
-        shape = anchor["input_ids"].shape
-        if self.fgsm.mode != "off":
-            shape = torch.Size((*shape, _word_embeddings(self.online_model).weight.shape[1]))
-        result, _ = self.objective.step(encode, self.queue, shape, training)
+        if len(features) == 1 and not (training and rate):
+            positive = None  # the key reads the anchor itself (and FGSM's delta with fgsm_views="both")
+        queue, autocast, perturbation = self.queue, SimpleNamespace(state=AutocastState()), None
+        if training and self.fgsm.mode != "off":
+            probe = None
+            if self.fgsm.mode == "exact":  # on the unwrapped model: no DDP hooks for the probe
+                probe = branches.forward(self._encoders(self.online_model, autocast), anchor, positive)
+            shape = (*anchor["input_ids"].shape, _word_embeddings(self.online_model).weight.shape[1])
+            perturbation = self.objective.perturbation(torch.Size(shape), probe, queue)
+        outputs = branches.forward(self._encoders(self.model, autocast), anchor, positive, perturbation,
+                                   self.fgsm.perturb_target)
+        result = self.objective(outputs, queue, training)
         if training:
             self.callback.head_gradients.watch(result.loss, self.online_model, self.online_head)
         return result.loss
 
-    def _queries(self, model: nn.Module, features: dict, perturbation: Tensor | None):
-        """`(B, D)` queries, the `(B, L, H)` word embeddings they came from (None when FGSM is off), and the
-        autocast the model's forward ran under (accelerate's, under `bf16=True`)."""
-        with self._perturbed(self.online_model, perturbation) as captured, \
-                recorded_autocast(self.online_model[0]) as autocast:
-            embeddings = model(dict(features))["sentence_embedding"]  # a copy: modules write into the dict
-        return self.online_head(embeddings), captured.get("words"), autocast.state
+    def _encoders(self, model: nn.Module, autocast: SimpleNamespace) -> Encoders:
+        """The `Encoders` of `ContrastiveBranches`: feature dicts through `model` (the online one, wrapped or not) and
+        the target; the target runs under the autocast the online forward ran under (accelerate's, for `bf16=True`),
+        recorded into `autocast.state`, while its weights stay fp32."""
+        def online(features: dict, perturbation: Tensor | None):
+            with self._perturbed(self.online_model, perturbation) as captured, \
+                    recorded_autocast(self.online_model[0]) as recording:
+                state = model(dict(features))["sentence_embedding"]  # a copy: modules write into the dict
+            autocast.state = recording.state
+            return state, captured.get("words")
 
-    @torch.no_grad()
-    def _keys(self, features: dict, perturbation: Tensor | None, autocast: AutocastState) -> Tensor:
-        """`(B, D)` target keys, computed under the online forward's `autocast` (the weights stay fp32)."""
-        with self._perturbed(self.target_encoder, perturbation), autocast.context():
-            head = self.online_head if self.target_head is None else self.target_head  # ESimCSE: the online heads
-            keys = head(self.target_encoder(dict(features))["sentence_embedding"])
-        return keys.float()  # as accelerate returns the online forward's outputs: fp32 (of bf16 values)
+        def target(features: dict, perturbation: Tensor | None):
+            with self._perturbed(self.target_encoder, perturbation):
+                return self.target_encoder(dict(features))["sentence_embedding"], None
+        return Encoders(online, online, target, target, target_context=lambda: autocast.state.context())
 
     @contextmanager
     def _perturbed(self, encoder: SentenceTransformer, perturbation: Tensor | None):

@@ -26,7 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..data.corpus import ContrastiveCollator
 from ..methods.augmentation import EmbeddingAugmentation, repeat_words
-from ..methods.mtd import active_queue_window, max_traceable_distance
+from ..methods.mtd import active_queue_window
 from ..models.ema import EMATargetCallback, ema_decay_at
 from ..models.modeling import MoCoSEModel
 from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
@@ -114,11 +114,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         differing = {k: (v, getattr(config, k)) for k, v in args.model_config_kwargs().items() if getattr(config, k) != v}
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
-        fgsm = FGSMPerturbation(args.fgsm_mode if config.keys_from_target else "off", args.fgsm_epsilon, args.fgsm_views,
-                                args.fgsm_epsilon_unit)
-        self.objective = ContrastiveObjective(config, fgsm, queue_age_slices=args.queue_age_slices,
-                                              forgetting=args.ifcl_forgetting, queue_window=self.queue_window,
-                                              keys_per_enqueue=lambda: self.keys_per_enqueue)
+        self.objective = ContrastiveObjective.from_settings(config, vars(args), queue_age_slices=args.queue_age_slices,
+                                                            queue_window=self.queue_window)
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one
@@ -204,45 +201,29 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         una_step = self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
         if model.training and una_step:
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
-        embeddings = None
         if self.fgsm.mode != "off" and self.args.torch_compile:
             # FGSM needs the gradient w.r.t. the word embeddings, which a compiled model gives only to its inputs.
             # (Not otherwise: under FSDP2 they are a sharded unit that must run inside the root module's forward.)
-            embeddings = unwrapped.get_input_embeddings()(inputs["input_ids"])
-        augmentation = self.embedding_augmentation.forward_kwargs()
-
-        def encode(perturbation, probe):
-            if probe:
-                return unwrapped(**inputs, inputs_embeds=embeddings, **augmentation)
-            return model(**inputs, inputs_embeds=embeddings, embedding_perturbation=perturbation,
-                         perturb_target=self.fgsm.perturb_target, **augmentation)
-
-        shape = torch.Size((*inputs["input_ids"].shape, unwrapped.config.hidden_size))
-        result, outputs = self.objective.step(encode, getattr(unwrapped, "queue", None), shape, model.training)
+            inputs = {**inputs, "inputs_embeds": unwrapped.get_input_embeddings()(inputs["input_ids"])}
+        inputs = {**inputs, **self.embedding_augmentation.forward_kwargs()}
+        queue, training = getattr(unwrapped, "queue", None), model.training
+        perturbation = None
+        if training and self.fgsm.mode != "off":
+            probe = unwrapped(**inputs) if self.fgsm.mode == "exact" else None  # unwrapped: no DDP hooks for it
+            shape = torch.Size((*inputs["input_ids"].shape, unwrapped.config.hidden_size))
+            perturbation = self.objective.perturbation(shape, probe, queue)
+        outputs = model(**inputs, embedding_perturbation=perturbation, perturb_target=self.fgsm.perturb_target)
+        result = self.objective(outputs, queue, training)
         return (result.loss, outputs) if return_outputs else result.loss
 
     # ----------------------------------------------------------------- logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        metrics = self.objective.pop_metrics() if "loss" in logs else {}
-        if metrics:
-            for name, value in metrics.items():
-                logs[name] = round(self.accelerator.reduce(value, "mean").item(), 4)
+        if "loss" in logs:  # a training logging step: the method's step metrics (`ContrastiveObjective`)
             model = self.accelerator.unwrap_model(self.model)
-            if model.config.uses_queue:
-                logs["queue_fill"] = int(model.queue.queue_fill)
-            if self.ema_callback is not None and self.ema_callback.last_decay is not None:
-                decay = self.ema_callback.last_decay
-                reach = self._queue_reach(model.config.queue_size, decay)
-                logs["ema_decay"] = round(decay, 6)
-                logs["d_trace"] = round(max_traceable_distance(decay, reach, self.global_batch_size), 4)
+            decay = None if self.ema_callback is None else self.ema_callback.last_decay
+            logs.update(self.objective.logged_metrics(getattr(model, "queue", None), decay,
+                                                      self.args.gradient_accumulation_steps))
         super().log(logs, start_time)
-
-    def _queue_reach(self, capacity: int, decay: float) -> int:
-        """K in d_trace: the age span of the queue entries in use (at the step that applied `decay`)."""
-        if (window := self.queue_window(decay)) is not None:
-            return window
-        slices = self.args.queue_age_slices
-        return min(max(end for _, end in slices), capacity) if slices else capacity
 
     # ----------------------------------------------------------------- checkpoints
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
