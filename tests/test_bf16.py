@@ -12,7 +12,7 @@ from conftest import make_st_trainer, make_trainer
 from test_st_loss import _losses
 from test_st_loss_runs import _assert_states_equal, _loss_state, _resume_setup
 
-from hf_mocose.training.precision import AutocastState, cpu_has_native_bf16, recorded_autocast
+from hf_mocose.launch.precision import AutocastState, cpu_has_native_bf16, recorded_autocast
 
 FRONT_ENDS = ["trainer", "st"]
 
@@ -41,7 +41,7 @@ def test_autocast_state_enters_the_recorded_autocast_and_none_turns_it_off():
                                     {"_is_avx512_bf16_supported": False, "_is_amx_tile_supported": False}, {}],
                          ids=["avx512_bf16", "amx", "neither", "torch_without_probes"])
 def test_cpu_has_native_bf16_asks_torchs_cpu_probes(monkeypatch, probes):
-    from hf_mocose.training import precision
+    from hf_mocose.launch import precision
 
     for name in precision.NATIVE_BF16_CPU_PROBES:
         monkeypatch.delattr(torch.cpu, name, raising=False)
@@ -132,7 +132,7 @@ def test_resume_is_exact_under_bf16_with_mocose_loss(tiny_encoder, tmp_path):
 def test_auto_bf16_picks_bf16_on_a_cpu_with_native_bf16_and_the_users_flag_wins(monkeypatch, capsys, tmp_path, native,
                                                                                 flags, expected, note):
     from hf_mocose.commands.train import parse_args
-    from hf_mocose.training import precision
+    from hf_mocose.launch import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     recipe = tmp_path / "recipe.yaml"
@@ -147,7 +147,7 @@ def test_auto_bf16_from_the_command_line_and_in_the_quickstart_recipe(monkeypatc
     from conftest import REPO_ROOT
 
     from hf_mocose.commands.train import parse_args
-    from hf_mocose.training import precision
+    from hf_mocose.launch import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert parse_args(["--output_dir", str(tmp_path), "--bf16", "auto"])[1].bf16
@@ -157,7 +157,7 @@ def test_auto_bf16_from_the_command_line_and_in_the_quickstart_recipe(monkeypatc
 
 
 def test_auto_bf16_stays_fp32_off_the_cpu():
-    from hf_mocose.training.precision import choose_auto_bf16
+    from hf_mocose.launch.precision import choose_auto_bf16
 
     chosen, why = choose_auto_bf16(torch.device("cuda"))
     assert not chosen and "training on cuda" in why
@@ -168,7 +168,7 @@ def test_auto_bf16_stays_fp32_under_deepspeed(monkeypatch, capsys, tmp_path):
     fp32 there, so the quickstart trains under `zero2.yaml --mixed_precision no` as the refusal advises."""
     from hf_mocose.commands import train
     from hf_mocose.commands.train import parse_args
-    from hf_mocose.training import precision
+    from hf_mocose.launch import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     # What `launch_sharding` reads from `accelerate launch --config_file configs/accelerate/zero2.yaml` (the real

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_st_trainer, make_trainer, tiny_sentence_transformer
 
-from hf_mocose.methods.mtd import max_traceable_distance
+from hf_mocose.models.mtd import max_traceable_distance
 from hf_mocose.models.ema import ema_decay_at
 from hf_mocose.models.ema import EMATargetCallback
 

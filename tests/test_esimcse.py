@@ -13,7 +13,7 @@ import torch
 from conftest import make_st_trainer, make_trainer, tiny_sentence_transformer, tiny_training_args
 from torch.nn import functional as F
 
-from hf_mocose.methods.augmentation import repeat_words, repeat_words_in_batch
+from hf_mocose.augmentation.views import repeat_words, repeat_words_in_batch
 from hf_mocose.models.settings import take_settings, validate_settings
 
 

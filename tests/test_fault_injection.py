@@ -27,7 +27,7 @@ from fake_hub import FakeHub
 
 from hf_mocose.commands.train import cli_main, main, parse_args
 from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
-from hf_mocose.training.checkpoints import (
+from hf_mocose.launch.checkpoints import (
     IncompleteCheckpointError,
     check_resume_compatible,
     checkpoint_problems,

@@ -238,7 +238,7 @@ def test_fsdp2_config_runs_scripts_train_end_to_end(tiny_encoder, tmp_path, sts_
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from hf_mocose.training.checkpoints import checkpoint_problems
+    from hf_mocose.launch.checkpoints import checkpoint_problems
 
     out = tmp_path / "run"
     argv = [str(REPO / "training_args/quickstart.yaml"), "--model_name_or_path", tiny_encoder, "--output_dir", str(out),

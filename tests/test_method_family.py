@@ -7,8 +7,8 @@ import torch
 from conftest import CORPUS_FILE, make_trainer, needs_corpus, tiny_training_args
 
 from hf_mocose.commands.cli import main as cli_main
-from hf_mocose.methods.augmentation import EmbeddingAugmentation
-from hf_mocose.methods.mtd import active_queue_window, check_target_reachable, max_traceable_distance, plan
+from hf_mocose.augmentation.views import EmbeddingAugmentation
+from hf_mocose.models.mtd import active_queue_window, check_target_reachable, max_traceable_distance, plan
 from hf_mocose.models.queue import KeyQueue
 
 

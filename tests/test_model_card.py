@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 
 from hf_mocose import MoCoSEModel
 from hf_mocose.commands import cli
-from hf_mocose.publishing.export import render_model_card, write_model_card
+from hf_mocose.publishing.model_card import render_model_card, write_model_card
 from hf_mocose.publishing.model_card import find_template, read_eval_results
 
 # The `hf-mocose evaluate` JSON format (hf_mocose/evaluation/runner.py).
@@ -314,7 +314,7 @@ def test_card_facts_json_is_what_the_card_reads(run, tmp_path):
 
     from transformers import TrainerState
 
-    from hf_mocose.publishing.model_card import CARD_FACTS_JSON, save_card_facts
+    from hf_mocose.publishing.card_facts import CARD_FACTS_JSON, save_card_facts
     from hf_mocose.trainer.training_args import MoCoSETrainingArguments
 
     out, export, _ = run

@@ -183,7 +183,7 @@ def test_training_data_description_of_a_tokenised_set_and_a_stream(tiny_encoder)
     from transformers import AutoTokenizer
 
     from hf_mocose.data.corpus import tokenize_sentences
-    from hf_mocose.publishing.model_card import describe_training_data
+    from hf_mocose.publishing.card_facts import describe_training_data
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder)
     raw = Dataset.from_dict({"text": ["Short one.", "A somewhat longer sentence, with more words in it."]})

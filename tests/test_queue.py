@@ -61,5 +61,8 @@ def test_enqueue_normalises_and_keeps_fp32():
 
 @pytest.mark.parametrize("capacity,init", [(0, 0), (4, 5), (4, -1)])
 def test_bad_sizes(capacity, init):
+    """The queue's sizes are method settings, refused where every setting is (`validate_settings`)."""
+    from hf_mocose.models.settings import validate_settings
+
     with pytest.raises(ValueError, match="queue"):
-        KeyQueue(capacity=capacity, dim=4, init_size=init)
+        validate_settings({"queue_size": capacity, "queue_init_size": init})

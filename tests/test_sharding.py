@@ -1,4 +1,4 @@
-"""hf_mocose.training.sharding in one process: what is refused, the target's dtype, the save split, and FSDP2 on a
+"""hf_mocose.launch.sharding in one process: what is refused, the target's dtype, the save split, and FSDP2 on a
 world of one (gloo, in this process) for the EMA's local shards. The 2-process runs are in test_fsdp.py."""
 
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ from hf_mocose import MoCoSEModel
 from hf_mocose.models.ema import check_twin_layout, local_shards
 from hf_mocose.trainer.mocose_trainer import complete_sharded_save
 from hf_mocose.models.ema import EMATargetCallback
-from hf_mocose.training.sharding import (
+from hf_mocose.launch.sharding import (
     ShardedModelCallback,
     configure_sharding,
     match_target_to_master_weights,
@@ -75,7 +75,7 @@ def test_the_precision_is_read_from_accelerates_deepspeed_plugin(mixed_precision
     """Under DeepSpeed accelerate's state says mixed_precision "no" and its plugin's config holds the precision."""
     from accelerate.utils import DeepSpeedPlugin, DistributedType
 
-    from hf_mocose.training.sharding import accelerator_sharding
+    from hf_mocose.launch.sharding import accelerator_sharding
 
     plugin = DeepSpeedPlugin(zero_stage=2)
     plugin.set_mixed_precision(mixed_precision)  # what AcceleratorState does with the launch's precision
@@ -109,7 +109,7 @@ def test_simcse_has_no_target_and_is_refused_only_zero3(tiny_encoder, monkeypatc
     whole encoder weights, which ZeRO-3 loads partitioned), in the trainer and at launch."""
     from accelerate.utils import DistributedType
 
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     model = MoCoSEModel.from_pretrained(tiny_encoder, method="simcse", queue_size=8, queue_init_size=2)
     configure_sharding(_fake_trainer(model, DistributedType.FSDP, fsdp_version=1), model.config)
@@ -151,7 +151,7 @@ def test_mixed_precision_makes_the_target_fp32_like_the_master_weights(tiny_mode
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"}, None),
 ])
 def test_launch_environment_is_read_before_the_model_is_built(monkeypatch, env, message):
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -178,7 +178,7 @@ def test_the_zero_stage_of_a_deepspeed_config_file_is_read(monkeypatch, tmp_path
     """accelerate's `deepspeed_config_file` (no `zero_stage` in the environment then) and the Trainer's `--deepspeed`."""
     import json
 
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -202,7 +202,7 @@ def test_the_zero_stage_of_a_deepspeed_config_file_is_read(monkeypatch, tmp_path
 def test_a_deepspeed_precision_the_trainer_would_reject_is_refused_for_every_method(monkeypatch, method):
     """configs/accelerate/zero2.yaml says mixed_precision bf16; transformers' DeepSpeed set-up then requires bf16: true
     in the training arguments and otherwise stops after the model is built. No EMA target here: only that rule."""
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -215,7 +215,7 @@ def test_a_deepspeed_precision_the_trainer_would_reject_is_refused_for_every_met
 
 
 def test_compiled_fgsm_under_an_fsdp2_launch_is_refused_before_the_model_is_built(monkeypatch):
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -230,7 +230,7 @@ def test_compiled_fgsm_under_an_fsdp2_launch_is_refused_before_the_model_is_buil
 def test_fsdp_training_arguments_are_read_too(tmp_path):
     from conftest import tiny_training_args
 
-    from hf_mocose.training.sharding import refuse_sharded_launch
+    from hf_mocose.launch.sharding import refuse_sharded_launch
 
     refuse_sharded_launch(tiny_training_args(tmp_path, fsdp=True, fsdp_config={"version": 2}))
     with pytest.raises(ValueError, match="FSDP version 1"):

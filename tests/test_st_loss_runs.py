@@ -197,7 +197,7 @@ def test_hyperparameter_search_puts_the_loss_state_in_each_trials_folder(tiny_en
     pytest.importorskip("optuna")
     from sentence_transformers import SentenceTransformer
 
-    from hf_mocose.st_loss.callback import fingerprint
+    from hf_mocose.st_loss.checkpoints import fingerprint
 
     trainer, _ = _model_init_trainer(tiny_encoder, tmp_path, save_strategy="steps", save_steps=2)
     trainer.hyperparameter_search(

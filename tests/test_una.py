@@ -1,4 +1,4 @@
-"""UNA statistics and augmentation (hf_mocose/methods/una.py): formulas, sampling, determinism, cache."""
+"""UNA statistics and augmentation (hf_mocose/augmentation/una.py): formulas, sampling, determinism, cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from hf_mocose.methods.una import (
+from hf_mocose.augmentation.una import (
     DEFAULT_UNA_ALPHA,
     DEFAULT_UNA_FREQUENCY,
     DEFAULT_UNA_WINDOW,

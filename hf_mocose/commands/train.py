@@ -26,13 +26,14 @@ from ..models.encoding import inference_max_seq_length
 from ..models.settings import ARGS_SETTINGS
 from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub import publish_final_model
-from ..trainer.inputs import build_mocose_model, check_model_source, check_target_mtd, load_tokenizer
+from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
+from ..launch.preflight import check_run
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..training.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
+from ..launch.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
                                     resolve_resume_checkpoint)
-from ..training.precision import AUTO, choose_auto_bf16
-from ..training.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
+from ..launch.precision import AUTO, choose_auto_bf16
+from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
 
 logger = logging.getLogger("hf_mocose.train")
@@ -255,12 +256,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     return script_args, training_args
 
 
-def check_target_mtd_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
-    """`target_mtd`'s queue window must fit the queue at this launch's global batch, checked before anything is
-    loaded (`MoCoSETrainer` checks again with the model's own `queue_size`, which a MoCoSE checkpoint keeps)."""
+def check_run_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
+    """`training.preflight.check_run` at this launch's global batch, before anything is loaded (`MoCoSETrainer` checks
+    again with the model's own settings, which a MoCoSE checkpoint keeps)."""
     if not is_mocose_checkpoint(model_name_or_path):
-        check_target_mtd(args, args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps,
-                         args.queue_size)
+        check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
+                  target_mtd=args.target_mtd, max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
+                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> str:
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
     check_resume_folder(args)
-    check_target_mtd_before_loading(args, script_args.model_name_or_path)
+    check_run_before_loading(args, script_args.model_name_or_path)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
 
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> str:
     final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     if trainer.is_world_process_zero():
         remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
-    # The card names a train_file by its file name (publishing.model_card.public_name), never its folder.
+    # The card names a train_file by its file name (publishing.card_facts.public_name), never its folder.
     card = dict(corpus=script_args.corpus_name or script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),
                 max_seq_length=script_args.export_max_seq_length)

@@ -138,7 +138,7 @@ class ContrastiveCollator:
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
     `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive (its given positive, else
-    itself; ESimCSE's word repetition, `hf_mocose.methods.augmentation.repeat_words`), padded to its longest row.
+    itself; ESimCSE's word repetition, `hf_mocose.augmentation.views.repeat_words`), padded to its longest row.
     """
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0,

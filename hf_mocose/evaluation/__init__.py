@@ -5,5 +5,5 @@
   table), `commands` (`hf-mocose evaluate` and `hf-mocose diagnose`).
 
 Sub-modules are imported lazily by their users, so importing this package stays cheap. May import:
-`hf_mocose.models`, `methods`, `data`, `metrics`. The core never imports it.
+`hf_mocose.models`, `augmentation`, `data`, `metrics`. The core never imports it.
 """

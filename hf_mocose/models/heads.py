@@ -59,10 +59,7 @@ def build_projection(hidden: int, n_layers: int, dropout: float, init: str = "ra
                      out_dim: int | None = None) -> nn.Sequential:
     """`n_layers` blocks of Linear + LayerNorm + Dropout, `(., hidden) -> (., out_dim)`; identity for 0.
     `out_dim` (default `hidden`, the reference code's `out_size`) is the width of keys, queries and queue."""
-    out_dim = out_dim or hidden
-    if n_layers == 0 and out_dim != hidden:
-        raise ValueError(f"A projection of width {out_dim} needs projection_layers >= 1 (with none, the keys keep "
-                         f"the encoder's width {hidden}).")
+    out_dim = out_dim or hidden  # n_layers >= 1 for another width: `validate_settings` checks projection_dim
     return nn.Sequential(*_blocks([hidden] * n_layers + [out_dim], dropout, init))
 
 

@@ -87,7 +87,7 @@ class MoCoSEModel(PreTrainedModel):
         pretrained, encoder_config, name = load_pretrained_encoder(encoder_name_or_path)
         fraternal = None
         if fraternal_model_name_or_path is not None:
-            from ..methods.augmentation import fraternal_word_vectors
+            from ..augmentation.views import fraternal_word_vectors
 
             hidden = getattr(encoder_config, "hidden_size", None) or encoder_config.dim
             fraternal = fraternal_word_vectors(AutoModel.from_pretrained(fraternal_model_name_or_path), hidden,

@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.autograd import Variable
 from torch.nn import functional as F
 
-from ..methods.mtd import max_traceable_distance
+from .mtd import max_traceable_distance
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .branches import MoCoSEOutput
 from .queue import KeyQueue
@@ -288,7 +288,7 @@ class ContrastiveObjective:
         """The step metrics of a logging step, as both front ends log them: `pop_metrics` averaged over the
         processes (one all-reduce), `queue_fill`, and with an EMA target the last `ema_decay` and `d_trace`.
 
-        d_trace = 1/(1-eta) + K/B (`methods.mtd`): K the queue entries in use at that decay (`queue_window`, else
+        d_trace = 1/(1-eta) + K/B (`models.mtd`): K the queue entries in use at that decay (`queue_window`, else
         the oldest `queue_age_slices` age, else the queue), B the keys enqueued per optimizer step: the last
         training batch of all processes times `accumulation_steps`. {} when no training step ran since the last call.
         """

@@ -14,14 +14,11 @@ from torch.nn import functional as F
 class KeyQueue(nn.Module):
     """A ring buffer of L2-normalised keys, oldest overwritten first. The age of a slot (0 = newest) is
     `(queue_ptr - 1 - slot) mod K`, so "the negatives of ages 256..767" is a mask over the buffer, not a copy.
-    `capacity` K keys of width `dim` D; the queue starts with `init_size` K_s random unit vectors (0 <= K_s <= K)."""
+    `capacity` K keys of width `dim` D; the queue starts with `init_size` K_s random unit vectors (0 <= K_s <= K,
+    as `models.settings.validate_settings` checks `queue_size` and `queue_init_size`)."""
 
     def __init__(self, capacity: int, dim: int, init_size: int = 0):
         super().__init__()
-        if capacity < 1:
-            raise ValueError(f"queue capacity (queue_size) must be >= 1, got {capacity!r}.")
-        if not 0 <= init_size <= capacity:
-            raise ValueError(f"queue_init_size must be between 0 and queue_size={capacity}, got {init_size!r}.")
         self.capacity = capacity
         self.init_size = init_size
         # fp32 always, also under mixed precision: keys are compared with a small temperature.

@@ -1,10 +1,12 @@
 """Publishing a trained model: the sentence-transformers export, its model card, and the Hub.
 
-- `model_card`: what a card says, from the run's facts (`card_facts.json`, written with every saved model and
-  checkpoint); `card_hyperparameters` (the hyper-parameter rows).
+- `card_facts`: the run's facts, collected while it trains (`card_facts.json`, written with every saved model and
+  checkpoint).
+- `model_card`: `MoCoSEModelCardData`, the export's card, filled from those facts and rendered from its template;
+  `card_hyperparameters` (the hyper-parameter rows).
 - `export`: a MoCoSE checkpoint's online branch as a sentence-transformers folder, checked, with the card.
 - `hub`: uploads as one commit that deletes the stale files it owns, and what training publishes.
 - `commands`: the `hf-mocose export` and `hf-mocose push` sub-commands.
 
-May import: `models`, `methods`, `data`, `training`. Never the front ends (they import it), evaluation or the CLI.
+May import: `models`, `augmentation`, `data`, `launch`. Never the front ends (they import it), evaluation or the CLI.
 """

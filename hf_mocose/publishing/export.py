@@ -15,17 +15,13 @@ import logging
 import os
 import shutil
 import uuid
-from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model, inference_max_seq_length
-from .model_card import (CITATIONS, STS_TEST_TASKS, STSB_DEV, TASK_NAMES, TRAINING_LOSS, TRANSFER_TASKS,
-                         MoCoSEModelCardData, _read_json, as_list, find_template, load_card_facts, mocose_eval_results,
-                         public_name, read_eval_results, training_data_tables, training_details)
+from .model_card import render_model_card, write_model_card  # noqa: F401  (the export's card, also public here)
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +29,6 @@ logger = logging.getLogger(__name__)
 PROBE_SENTENCES = ("A man is playing a guitar.", "Momentum contrast keeps a queue of negative keys.", "hi")
 _PROBE_PARAGRAPH = "The quick brown fox jumps over the lazy dog, then runs off into the forest before anyone notices. "
 
-# Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
-USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrument.", "A woman is slicing an onion.",
-                   "The weather is lovely today.")
-# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
-PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
-                 "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
-CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "esimcse": "ESimCSE", "una": "UNA"}
 # sentence_pooling -> sentence-transformers Pooling mode (cls_dense is CLS followed by a Dense).
 POOLING_MODES = {"cls": "cls", "cls_dense": "cls", "mean": "mean"}
 
@@ -57,7 +46,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     from transformers import AutoTokenizer
 
     from ..models.modeling import MoCoSEModel
-    from ..training.checkpoints import check_weights_complete
+    from ..launch.checkpoints import check_weights_complete
 
     path = Path(checkpoint)
     if not path.is_dir():
@@ -211,92 +200,3 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return output_dir
-
-
-# ----------------------------------------------------------------------------- the model card
-def _version(package: str) -> str | None:
-    try:
-        return importlib_metadata.version(package)
-    except importlib_metadata.PackageNotFoundError:
-        return None
-
-
-def _is_hub_id(value: str | None) -> bool:
-    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
-    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
-
-
-def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
-                      repo_id: str | None = None, export_name: str | None = None, base_model: str | None = None,
-                      datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
-                      language: str | list[str] | None = "en", license: str | None = "apache-2.0",
-                      tags: str | list[str] | None = None, model_name: str | None = None,
-                      tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
-                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
-    """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
-
-    `model_name` is the title (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags.
-    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
-    from huggingface_hub import ModelCard
-    from sentence_transformers import SentenceTransformer
-    export_dir = Path(export_dir)
-    config = (_read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
-    facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}
-    details = training_details(config, facts, training_args)
-    results = read_eval_results(eval_results)
-    base_model = base_model or details["base_model"]
-    base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
-    model_id = repo_id or f"path/to/{export_name or export_dir.name}"
-    method, una = details["method"], ["una"] if details["una_used"] else []
-    cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []), *una]
-    title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
-    # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
-    st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
-    card_data = MoCoSEModelCardData(language=language, license=license, model_name=title, local_files_only=True,
-                                    generate_widget_examples=True, eval_results=mocose_eval_results(results),
-                                    local_path_snippet=not repo_id)
-    card_data.model_id = model_id  # set after init: a local `path/to/name` is not a Hub id, and is still the path
-    card_data.register_model(st_model)
-    card_data.add_tags(list(dict.fromkeys(["mocose", method, *una, *as_list(tags), *as_list(tasks)])))
-    card_data.base_model = base_for_card  # sentence-transformers would confirm it on the Hub first (docs/design.md)
-    card_data.datasets = list(datasets)
-    card_data.set_losses([])  # no loss object to cite (the method is cited below): Sentence-BERT's own citation
-    card_data.citations = {**card_data.citations, **{CITATION_NAMES[name]: CITATIONS[name] for name in cited}}
-    card_data.usage_examples = list(USAGE_SENTENCES[:3])
-    card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
-    logged = details["log_rows"]
-    columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
-    card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
-    if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
-        card_data.set_best_model_step(details["best_step"])
-    # The keywords the export wrote (`add_pooling_layer=False`), for the transformers-only snippet.
-    encoder_kwargs = (_read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {}
-    versions = {name: _version(name) for name in ("hf-mocose", "huggingface_hub")}  # (its card data has the rest)
-    template_path = find_template(template)
-    card = ModelCard.from_template(
-        card_data, template_path=str(template_path), title=title, model_id=model_id, is_repo=bool(repo_id),
-        method_name=CITATION_NAMES.get(method, method), sentence_pooling=details["sentence_pooling"],
-        max_seq_length=st_model.max_seq_length,  # what the export truncates at
-        training_max_seq_length=details["training_max_seq_length"],
-        has_dense=any(type(module).__name__ == "Dense" for module in st_model), encoder_kwargs=encoder_kwargs,
-        modules=[type(module).__name__ for module in st_model], details=details, results=results,
-        sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TEST_TASKS], transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS],
-        paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
-        corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
-        dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
-        training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
-    )
-    # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
-    parsed = ModelCard(str(card))
-    if parsed.data.library_name != "sentence-transformers":
-        raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
-    return parsed
-
-
-def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
-    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
-    path = Path(export_dir) / "README.md"
-    path.write_text(str(render_model_card(export_dir, checkpoint, eval_results, **kwargs)), encoding="utf-8")
-    return path

@@ -209,7 +209,7 @@ def final_repo_id(trainer) -> str:
 def export_final_model(trainer, final_dir, *, export_dir=None, max_seq_length: int | None = None, **card_kwargs) -> Path:
     """Writes the sentence-transformers export of `final_dir` with the live run's card (`card_facts`); returns it."""
     from .export import export_to_sentence_transformers
-    from .model_card import card_facts
+    from .card_facts import card_facts
     output_dir = Path(trainer.args.output_dir)
     return export_to_sentence_transformers(
         final_dir, Path(export_dir or output_dir / "sentence-transformers"), overwrite=True,

@@ -1,10 +1,9 @@
-"""What a model card says: the run's facts, collected while it trains, and the card's pieces (card data, results...).
+"""The model card of an export: `MoCoSEModelCardData` fills itself from the run's facts and renders itself.
 
-A MoCoSE card is written at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer`
-describes its training set when it starts (`describe_training_data`) and, from the Trainer's own save hook, writes the
-run's facts with every model and checkpoint it saves (`save_card_facts`, `card_facts.json`). Nothing is unpickled:
-`training_args.bin` would run code from the file. `export.render_model_card` renders the card from the facts
-(`training_details`), `MoCoSEModelCardData` and the template (`find_template`).
+As sentence-transformers' own card data does: `MoCoSEModelCardData.from_export` reads the export (loaded as a
+`SentenceTransformer`), the checkpoint's config, the run's facts (`publishing.card_facts`) and an evaluation JSON;
+`render` fills the `model_cards/` template (`find_template`), beside the card data's own fields. Also here: the
+pieces the template shows (`training_details`, `read_eval_results`, the training-data tables, the citations).
 """
 
 from __future__ import annotations
@@ -13,130 +12,28 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
 from importlib import resources
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from sentence_transformers import SentenceTransformerModelCardData
 
-from ..training.checkpoints import list_checkpoints
+from .card_facts import STSB_DEV, TRAINING_LOSS, load_card_facts, public_name, read_json
 from .card_hyperparameters import as_record, model_rows, training_rows
 
-CARD_FACTS_JSON = "card_facts.json"
 STS_TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "stsb": "STS-B",
               "sickr": "SICK-R", "stsb_dev": "STS-B dev", "mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA",
               "sst2": "SST-2", "trec": "TREC", "mrpc": "MRPC"}
-TRAINING_LOSS, STSB_DEV = "Training Loss", "STS-B dev Spearman"
-STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 sentences (sentence-transformers: 100)
-
-
-def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
-    """The card's description of `dataset` (raw `text` and/or tokenised `input_ids`), or None: `{"sentences": N or
-    None (a stream), "columns", "token_lengths": {"min", "mean", "max", "rows", "max_seq_length", "longer"},
-    "samples", "samples_from_tokens"}`, token lengths as training saw them (`longer`: rows cut; None without text)."""
-    columns = list(getattr(dataset, "column_names", None) or [])
-    if dataset is None or not ({"text", "input_ids"} & set(columns)):
-        return None
-    size = len(dataset) if hasattr(dataset, "__len__") else None
-    # An IterableDataset's first rows are read again on every pass: nothing is consumed.
-    first = dataset.select(range(min(STATS_ROWS, size))) if size is not None else list(islice(iter(dataset), STATS_ROWS))
-    rows = {name: [row[name] for row in first] for name in columns if name in ("text", "input_ids")}
-    texts = None if rows.get("text") is None else [text or "" for text in rows["text"]]
-    longer = None
-    if texts is not None:  # tokenised once, whole: training's lengths are these cut at max_seq_length
-        whole = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
-        longer = sum(length > max_seq_length for length in whole)
-    lengths = [len(ids) for ids in rows["input_ids"]] if "input_ids" in rows else [
-        min(length, max_seq_length) for length in whole]
-    if not lengths:
-        return None
-    samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
-        tokenizer.decode(ids, skip_special_tokens=True) for ids in rows["input_ids"][:SAMPLE_ROWS]]
-    return {"sentences": size, "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
-            "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
-                              "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
-            "samples": samples, "samples_from_tokens": texts is None}
-
-
-def state_facts(state: dict[str, Any]) -> dict[str, Any]:
-    """The card's facts of a `TrainerState` (its `vars`, or a `trainer_state.json`): the steps, the wall time, the
-    best step (`best_global_step`, else `best_model_checkpoint`'s) and the logs table, one row per logged step
-    (`Epoch`, `Step`, `Training Loss`, `STS-B dev Spearman` x100, 4 decimals, merged when a step has both)."""
-    rows: list[dict[str, Any]] = []
-    for entry in state.get("log_history") or []:
-        values = {TRAINING_LOSS: entry.get("loss"), STSB_DEV: entry.get("eval_stsb_spearman")}
-        values = {key: round(float(value), 4) for key, value in values.items() if isinstance(value, (int, float))}
-        if not values or entry.get("step") is None:
-            continue
-        if rows and rows[-1]["Step"] == entry["step"]:
-            rows[-1].update(values)
-        else:
-            rows.append({"Epoch": round(float(entry.get("epoch") or 0), 4), "Step": entry["step"], **values})
-    best, checkpoint = state.get("best_global_step"), str(state.get("best_model_checkpoint") or "").rstrip("/")
-    if best is None and checkpoint.rsplit("-", 1)[-1].isdigit():
-        best = int(checkpoint.rsplit("-", 1)[-1])
-    runtimes = [entry["train_runtime"] for entry in state.get("log_history") or [] if "train_runtime" in entry]
-    return {"global_step": state.get("global_step"), "max_steps": state.get("max_steps"),
-            "train_runtime": runtimes[-1] if runtimes else None, "log_rows": rows, "best_step": best}
-
-
-def card_facts(trainer) -> dict[str, Any]:
-    """The card's facts of a live run (see the module), as `save_card_facts` writes them; the hardware is
-    'N x <GPU name>' or 'N x CPU process(es)'."""
-    import torch
-    world = getattr(trainer.args, "world_size", 1)
-    return {"training_args": as_record(trainer.args), "training_data": getattr(trainer, "training_data", None),
-            **state_facts(vars(trainer.state)), "global_batch_size": getattr(trainer, "global_batch_size", None),
-            "hardware": f"{world} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else
-            f"{world} x CPU process" + ("es" if world > 1 else "")}
-
-
-def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
-    """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
-    or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
-    path = Path(folder) / CARD_FACTS_JSON
-    facts = json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    path.write_text(facts + "\n", encoding="utf-8")
-    return path
-
-
-def _read_json(path: Path | None) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-def _find_in_run(checkpoint: Path, name: str) -> Path | None:
-    """`name` in the checkpoint, else in its parent output dir, else in the parent's latest checkpoint-N."""
-    newest_first = reversed(list_checkpoints(checkpoint.parent))
-    return next((folder / name for folder in (checkpoint, checkpoint.parent, *newest_first) if (folder / name).is_file()),
-                None)
-
-
-def load_card_facts(checkpoint: str | os.PathLike) -> dict[str, Any]:
-    """The facts `save_card_facts` wrote for `checkpoint` (in it, its run folder or the run's latest checkpoint);
-    for an older one, from its `training_args.json`, `training_data.json` and `trainer_state.json`."""
-    checkpoint = Path(checkpoint)
-    saved = _read_json(_find_in_run(checkpoint, CARD_FACTS_JSON))
-    if isinstance(saved, dict):
-        return saved
-    record = _read_json(_find_in_run(checkpoint, "training_args.json")) or {}
-    data = _read_json(_find_in_run(checkpoint, "training_data.json"))
-    return {"training_args": record, **state_facts(_read_json(_find_in_run(checkpoint, "trainer_state.json")) or {}),
-            "training_data": data if isinstance(data, dict) and isinstance(data.get("token_lengths"), dict) else None,
-            "pickle_only": not record and _find_in_run(checkpoint, "training_args.bin") is not None}
-
-
-def public_name(value: Any) -> Any:
-    """A local path (absolute, relative or existing here) as its file name: a card never shows a machine's folders."""
-    if isinstance(value, str) and "/" in value.replace(os.sep, "/") and (
-            os.path.isabs(value) or value.startswith((".", "~")) or os.path.exists(value)):
-        return Path(value).name
-    return value
+# Usage snippet (the first three, encoded for the printed output) and Hub widget (a source and three others).
+USAGE_SENTENCES = ("A man is playing a guitar.", "Someone is playing an instrument.", "A woman is slicing an onion.",
+                   "The weather is lovely today.")
+# Average Spearman over the 7 STS tasks reported by the MoCoSE paper (Cao et al., 2022).
+PAPER_STS_AVG = {"bert-base-uncased": 77.27, "google-bert/bert-base-uncased": 77.27,
+                 "bert-large-uncased": 79.13, "google-bert/bert-large-uncased": 79.13}
+CITATION_NAMES = {"mocose": "MoCoSE", "simcse": "SimCSE", "ifcl": "IFCL", "esimcse": "ESimCSE", "una": "UNA"}
 
 
 def training_details(config: dict[str, Any], facts: dict[str, Any], training_args: Any | None = None) -> dict:
@@ -150,7 +47,7 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
                  * (world_size or 1))
     d_trace = None
     if method == "mocose" and "ema_decay_end" in recorded and batch:
-        from ..methods.mtd import max_traceable_distance
+        from ..models.mtd import max_traceable_distance
 
         d_trace = max_traceable_distance(recorded["ema_decay_end"], config.get("queue_size", 512), batch)
     runtime = facts.get("train_runtime")
@@ -218,7 +115,6 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
             "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None}
 
 
-DEFAULT_TEMPLATE = "mocose.md.j2"
 CITATIONS = {
     "mocose": """@inproceedings{cao-etal-2022-exploring,
     title = "Exploring the Impact of Negative Samples of Contrastive Learning: A Case Study of Sentence Embedding",
@@ -277,10 +173,23 @@ def mocose_eval_results(results: dict[str, Any]) -> list:
                     for task, accuracy in results["transfer"].items()]
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def _is_hub_id(value: str | None) -> bool:
+    """A Hub model id (`name` or `namespace/name`), not a local folder, can go in `base_model`."""
+    return bool(value) and not Path(value).exists() and not value.startswith((".", "/", "~")) and value.count("/") <= 1
+
+
 @dataclass
 class MoCoSEModelCardData(SentenceTransformerModelCardData):
-    """`SentenceTransformerModelCardData` plus a model-index from an evaluation JSON (`eval_results`);
-    `local_path_snippet`: the usage snippet loads a local folder (`model_id`), it downloads nothing."""
+    """`SentenceTransformerModelCardData` plus a model-index from an evaluation JSON (`eval_results`) and the values
+    of MoCoSE's template (`template_values`); `local_path_snippet`: the usage snippet loads a local folder
+    (`model_id`), it downloads nothing."""
 
     eval_results: list = field(default_factory=list)  # huggingface_hub EvalResult, see `mocose_eval_results`
     local_path_snippet: bool = False
@@ -298,6 +207,90 @@ class MoCoSEModelCardData(SentenceTransformerModelCardData):
         return snippet.replace("# Download from the 🤗 Hub\n", "# Load the model folder\n") if self.local_path_snippet \
             else snippet
 
+    @classmethod
+    def from_export(cls, export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                    eval_results: str | os.PathLike | dict | None = None, *, repo_id: str | None = None,
+                    export_name: str | None = None, base_model: str | None = None,
+                    datasets: list[str] | tuple[str, ...] = (), corpus: str | None = None,
+                    language: str | list[str] | None = "en", license: str | None = "apache-2.0",
+                    tags: str | list[str] | None = None, model_name: str | None = None,
+                    tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
+                    training_args: Any | None = None, facts: dict[str, Any] | None = None) -> "MoCoSEModelCardData":
+        """The card data of the sentence-transformers folder `export_dir` of `checkpoint`: `model_name` is the title
+        (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags; `facts` are the live run's
+        (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
+        from sentence_transformers import SentenceTransformer
+        export_dir = Path(export_dir)
+        config = (read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
+        facts = facts if facts is not None else load_card_facts(checkpoint) if checkpoint is not None else {}
+        details, results = training_details(config, facts, training_args), read_eval_results(eval_results)
+        base_model = base_model or details["base_model"]
+        base_for_card = base_model if _is_hub_id(base_model) else None  # a local folder name means nothing to readers
+        method, una = details["method"], ["una"] if details["una_used"] else []
+        cited = ["mocose", *([method] if method != "mocose" and method in CITATIONS else []), *una]
+        title = model_name or (repo_id.split("/")[-1] if repo_id else (export_name or export_dir.name))
+        # The export itself, as sentence-transformers loads it: dimension, length, similarity, architecture.
+        st_model = SentenceTransformer(str(export_dir), device="cpu", local_files_only=True)
+        card_data = cls(language=language, license=license, model_name=title, local_files_only=True,
+                        generate_widget_examples=True, eval_results=mocose_eval_results(results),
+                        local_path_snippet=not repo_id)
+        # set after init: a local `path/to/name` is not a Hub id, and is still the path
+        card_data.model_id = model_id = repo_id or f"path/to/{export_name or export_dir.name}"
+        card_data.register_model(st_model)
+        card_data.add_tags(list(dict.fromkeys(["mocose", method, *una, *as_list(tags), *as_list(tasks)])))
+        card_data.base_model = base_for_card  # sentence-transformers would confirm it on the Hub first (docs/design.md)
+        card_data.datasets = list(datasets)
+        card_data.set_losses([])  # no loss object to cite (the method is cited below): Sentence-BERT's own citation
+        card_data.citations = {**card_data.citations, **{CITATION_NAMES[name]: CITATIONS[name] for name in cited}}
+        card_data.usage_examples = list(USAGE_SENTENCES[:3])
+        card_data.widget = [{"source_sentence": USAGE_SENTENCES[0], "sentences": list(USAGE_SENTENCES[1:])}]
+        logged = details["log_rows"]
+        columns = [key for key in ("Epoch", "Step", TRAINING_LOSS, STSB_DEV) if any(key in row for row in logged)]
+        card_data.training_logs = [{key: row.get(key, "-") for key in columns} for row in logged]
+        if details["best_step"] is not None and any(row["Step"] == details["best_step"] for row in logged):
+            card_data.set_best_model_step(details["best_step"])
+        card_data.template_values = dict(  # not a field: never in the card's YAML
+            title=title, model_id=model_id, is_repo=bool(repo_id), method_name=CITATION_NAMES.get(method, method),
+            sentence_pooling=details["sentence_pooling"], max_seq_length=st_model.max_seq_length,  # the export's
+            training_max_seq_length=details["training_max_seq_length"],
+            has_dense=any(type(module).__name__ == "Dense" for module in st_model),
+            # The keywords the export wrote (`add_pooling_layer=False`), for the transformers-only snippet.
+            encoder_kwargs=(read_json(export_dir / "sentence_bert_config.json") or {}).get("model_kwargs") or {},
+            modules=[type(module).__name__ for module in st_model], details=details, results=results,
+            sts_tasks=[(t, TASK_NAMES[t]) for t in STS_TEST_TASKS],
+            transfer_tasks=[(t, TASK_NAMES[t]) for t in TRANSFER_TASKS], paper_avg=PAPER_STS_AVG.get(base_for_card or ""),
+            corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
+            dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
+            training_data_tables=training_data_tables(details.get("training_data")),
+            extra_versions={name: _version(name) for name in ("hf-mocose", "huggingface_hub")})  # (the rest: ST's)
+        return card_data
+
+    def render(self, template: str | os.PathLike | None = None):
+        """The card as a `huggingface_hub.ModelCard`, from `template` (`find_template`), parsed back: a card whose
+        YAML the Hub would reject fails here, locally."""
+        from huggingface_hub import ModelCard
+        template_path = find_template(template)
+        card = ModelCard(str(ModelCard.from_template(self, template_path=str(template_path), **self.template_values)))
+        if card.data.library_name != "sentence-transformers":
+            raise ValueError(f"Template {str(template_path)!r} did not render the YAML front matter ({{{{ card_data }}}}).")
+        return card
+
+
+def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                      eval_results: str | os.PathLike | dict | None = None, *, template: str | os.PathLike | None = None,
+                      **kwargs):
+    """The card of the sentence-transformers folder `export_dir` as a `ModelCard` (`MoCoSEModelCardData.from_export`
+    with `kwargs`, rendered from `template`)."""
+    return MoCoSEModelCardData.from_export(export_dir, checkpoint, eval_results, **kwargs).render(template)
+
+
+def write_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                     eval_results: str | os.PathLike | dict | None = None, **kwargs) -> Path:
+    """Renders the card (see `render_model_card`) and writes it to `<export_dir>/README.md`."""
+    path = Path(export_dir) / "README.md"
+    path.write_text(str(render_model_card(export_dir, checkpoint, eval_results, **kwargs)), encoding="utf-8")
+    return path
+
 
 def training_data_tables(training_data: dict[str, Any] | None) -> dict[str, str] | None:
     """The card's statistics and samples tables of the training data, as sentence-transformers draws them
@@ -313,6 +306,9 @@ def training_data_tables(training_data: dict[str, Any] | None) -> dict[str, str]
     samples = make_markdown_table([{column: f"<code>{BaseModelCardData._format_example_value(text)}</code>"}
                                    for text in training_data["samples"]])
     return {"stats_table": stats.replace("-:|", "--|"), "examples_table": samples.replace("-:|", "--|")}
+
+
+DEFAULT_TEMPLATE = "mocose.md.j2"
 
 
 def find_template(template: str | os.PathLike | None = None) -> Path:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
-from ..training.sharding import (accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice,
+from ..launch.sharding import (accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice,
                                  refuse_one_process_of_several, refuse_unsupported_sharding)
 
 DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces and clips the gradients of the model "

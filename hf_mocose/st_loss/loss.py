@@ -20,15 +20,17 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
-from ..methods.augmentation import repeat_words_in_batch
+from ..augmentation.views import repeat_words_in_batch
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.branches import ContrastiveBranches, Encoders
 from ..models.ema import EMATensorPairs
 from ..models.heads import init_head_weights
 from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, SETTINGS, take_settings, with_keywords
-from ..training.precision import AutocastState, recorded_autocast
-from .callback import MoCoSELossCallback, check_training_data, load_loss_state, save_loss_state
+from ..launch.precision import AutocastState, recorded_autocast
+from .callback import MoCoSELossCallback
+from .checkpoints import load_loss_state, save_loss_state
+from .inputs import check_training_data
 from .distributed import refuse_sharded_loss_launch
 
 # Names this loss took before it shared MoCoSETrainingArguments' vocabulary (0.1: refused, not aliased).
@@ -234,7 +236,7 @@ class MoCoSELoss(nn.Module):
         branches.set_training(training)
         anchor, positive = features[0], features[-1]
         rate = self.settings["word_repetition_rate"]
-        if training and rate:  # ESimCSE's word repetition of the positive (`methods.augmentation.repeat_words`)
+        if training and rate:  # ESimCSE's word repetition of the positive (`augmentation.views.repeat_words`)
             positive = repeat_words_in_batch(positive, rate, None, self.online_model.tokenizer.pad_token_id or 0)
         if len(features) == 1 and not (training and rate):
             positive = None  # the key reads the anchor itself (and FGSM's delta with fgsm_views="both")

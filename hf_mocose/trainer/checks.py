@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..models.encoding import check_length_fits_encoder
-from ..training.checkpoints import check_weights_complete
+from ..launch.checkpoints import check_weights_complete
 from .sts_evaluation import STS_EVALUATOR_NAME
 
 HUB_CHECK_TIMEOUT_S = 10  # huggingface_hub's own metadata timeout (HF_HUB_ETAG_TIMEOUT)

@@ -14,12 +14,10 @@ from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, PreTrainedModel
 
 from ..data.corpus import drop_blank_sentences, tokenize_sentences
-from ..methods.mtd import check_target_reachable
-from ..models.ema import ema_decay_range
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
-from ..publishing.model_card import describe_training_data
-from ..training.sharding import quiet_library_notices, refuse_one_process_of_several
+from ..publishing.card_facts import describe_training_data
+from ..launch.sharding import quiet_library_notices, refuse_one_process_of_several
 from .checks import check_model_source
 
 logger = logging.getLogger(__name__)
@@ -213,10 +211,3 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
                    "(eval_strategy='no'). Pass eval_dataset or set stsb_dev_file to score STS-B dev.")
     args.eval_strategy = IntervalStrategy.NO
     args.do_eval = False
-
-
-def check_target_mtd(args, global_batch_size: int, queue_size: int) -> None:
-    """`target_mtd`'s queue window must fit `queue_size` over this run's whole eta schedule at this global batch."""
-    if args.target_mtd is not None:
-        check_target_reachable(args.target_mtd, global_batch_size, queue_size, *ema_decay_range(
-            args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon, args.max_steps))

@@ -14,7 +14,6 @@ The EMA target update is a callback (`EMATargetCallback`), run after each optimi
 from __future__ import annotations
 
 import logging
-import math
 import os
 from functools import partial
 from pathlib import Path
@@ -25,16 +24,18 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..data.corpus import ContrastiveCollator
-from ..methods.augmentation import EmbeddingAugmentation, repeat_words
-from ..methods.mtd import active_queue_window
+from ..augmentation.views import EmbeddingAugmentation, repeat_words
+from ..models.mtd import active_queue_window
 from ..models.ema import EMATargetCallback, ema_decay_at
 from ..models.modeling import MoCoSEModel
 from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
 from ..publishing.hub import HubPublishingMixin
-from ..publishing.model_card import save_card_facts
-from ..training.checkpoints import RecordTrainBatchSize, prepare_resume
-from ..training.sharding import configure_sharding
-from .inputs import check_target_mtd, prepare_trainer_inputs
+from ..publishing.card_facts import save_card_facts
+from ..models.configuration import MODEL_CONFIG_FIELDS
+from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume
+from ..launch.preflight import check_run
+from ..launch.sharding import configure_sharding
+from .inputs import prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .checks import check_trainer_switches
 from .training_args import MoCoSETrainingArguments
@@ -126,7 +127,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     @staticmethod
     def _build_una(args: MoCoSETrainingArguments, train_dataset: Dataset | None):
-        from ..methods.una import UNAAugmenter, UNAStatistics
+        from ..augmentation.una import UNAAugmenter, UNAStatistics
 
         if train_dataset is None or "text" not in train_dataset.column_names:
             raise ValueError("hard_negatives='una' needs the training sentences: keep a `text` column in train_dataset.")
@@ -137,20 +138,12 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return UNAAugmenter(statistics, alpha=args.una_alpha, window=args.una_window_value, seed=args.seed)
 
     def _check_queue_settings(self, config) -> None:
-        """Settings that depend on the world size, checked before any step."""
+        """Settings that depend on the world size, checked before any step (`training.preflight`)."""
         args = self.args
-        if not config.keys_from_target and self.keys_per_enqueue < 2:
-            raise ValueError(f"method={config.method!r} contrasts each sentence with the rest of the batch, but the "
-                             f"global batch is {self.keys_per_enqueue} (per_device_train_batch_size="
-                             f"{args.per_device_train_batch_size} x {args.world_size} processes): use at least 2 "
-                             "sentences per step.")
-        check_target_mtd(args, self.global_batch_size, config.queue_size)
-        if config.method == "ifcl" and args.ifcl_forgetting:
-            batches = math.ceil(config.queue_size / self.keys_per_enqueue)
-            if args.ifcl_forgetting * batches >= 1:
-                raise ValueError(f"ifcl_forgetting (lambda) x queued batches (k = ceil(queue_size / batch) = "
-                                 f"{batches}) must be < 1 so every forgetting coefficient stays positive; got "
-                                 f"lambda={args.ifcl_forgetting}.")
+        check_run({**vars(args), **{name: getattr(config, name) for name in MODEL_CONFIG_FIELDS}},
+                  self.keys_per_enqueue, args.gradient_accumulation_steps, target_mtd=args.target_mtd,
+                  max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
+                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, make_dataclass
 
 from transformers import TrainingArguments
 
-from ..methods.augmentation import AUGMENTATION_VIEWS
+from ..augmentation.views import AUGMENTATION_VIEWS
 from ..models.configuration import MODEL_CONFIG_FIELDS
 from ..models.queue import format_queue_slices, parse_queue_slices
 from ..models.settings import ARGS_SETTINGS, describe, take_settings
@@ -176,8 +176,8 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
-        from ..methods.augmentation import EmbeddingAugmentation
-        from ..methods.una import validate_una_alpha, validate_una_frequency, validate_una_window
+        from ..augmentation.views import EmbeddingAugmentation
+        from ..augmentation.una import validate_una_alpha, validate_una_frequency, validate_una_window
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,
                               views=self.augmentation_views)  # validates the rates and views

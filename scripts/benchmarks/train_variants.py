@@ -168,7 +168,7 @@ def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_
     """
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
-    from hf_mocose.training.precision import recorded_autocast
+    from hf_mocose.launch.precision import recorded_autocast
 
     variant, precision = split_variant_name(name)
     # autocast, as users switch it on: a `_bf16` variant name, or `cfg.bf16` (gpu_check sets it)

@@ -1,4 +1,5 @@
-"""A newcomer's second day (issue 37): a recipe with one value changed, more processes, a resume, the card, --help."""
+"""The training command: a recipe with one value changed, more processes, a resume at another batch size, the
+card, --help."""
 
 from __future__ import annotations
 

@@ -1,0 +1,10 @@
+"""How a run is launched, shared by both front ends: processes and sharding, precision, checkpoints, preflight.
+
+- `sharding`: what a launch may be (processes, which engines the EMA target can follow: FSDP2 yes; FSDP1, ZeRO-3
+  and DeepSpeed with bf16/fp16 refused), FSDP2's set-up, and the notices hf-mocose's own settings set off.
+- `precision`: the target's forward under the online forward's autocast (`MoCoSELoss`), and `bf16: auto`.
+- `checkpoints`: which checkpoint a run resumes from, and whether a folder is whole and fits the model.
+- `preflight`: what the launch's batch or the data rules out, checked before the first step by every front end.
+
+May import: `hf_mocose.models`, `augmentation`, `data`. Never the front ends, publishing, evaluation or the CLI.
+"""

@@ -1,0 +1,71 @@
+"""What `MoCoSELoss` accepts as training data, checked when training begins (`check_training_data`).
+
+One or two text columns and no labels; under several processes the same number of keys on every rank at every
+step, and a streamed dataset read by shards. The method's own limits (queue and data size, batch) are
+`launch.preflight.check_run`'s, which both front ends share.
+"""
+
+from __future__ import annotations
+
+from sentence_transformers.util.distributed import get_world_size
+from torch import nn
+
+from ..launch.preflight import check_run
+
+LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
+
+
+def dataset_parts(dataset) -> list:
+    """The datasets inside a `DatasetDict` or the `ConcatDataset` sentence-transformers makes of one."""
+    if dataset is None:
+        return []
+    if hasattr(dataset, "datasets"):  # torch's ConcatDataset
+        return list(dataset.datasets)
+    return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
+
+
+def check_training_data(loss: nn.Module, dataset, args=None) -> None:
+    """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
+    columns, a queue larger than the data, batches that differ between processes."""
+    check_streamed_data(dataset, args)
+    if not (columns := [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]):
+        return  # not a `datasets` table: nothing to read before the first batch
+    if labels := [c for c in columns if c in LABEL_COLUMNS]:
+        raise ValueError(f"MoCoSELoss learns from text alone, but the training data has the label column {labels[0]!r}: "
+                         f"drop it (dataset.remove_columns({labels!r})).")
+    features = getattr(dataset, "features", None) or {}
+    for column in columns:
+        dtype = getattr(features.get(column), "dtype", None)
+        if column in features and dtype not in ("string", "large_string"):
+            raise ValueError(f"MoCoSELoss takes text columns only, but column {column!r} holds {features[column]}.")
+    if len(columns) > 2:
+        raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs), but the "
+                         f"training data has {len(columns)}: {columns}. Keep them with dataset.select_columns([...]).")
+    rows = len(dataset) if hasattr(dataset, "__len__") else None
+    world = get_world_size()
+    batch = None if args is None else args.per_device_train_batch_size * world
+    check_run(loss.settings, batch, getattr(args, "gradient_accumulation_steps", 1), rows,
+              batch_source=f"per_device_train_batch_size={getattr(args, 'per_device_train_batch_size', '?')} x {world} "
+                           "processes")
+    if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last:
+        per_step = args.per_device_train_batch_size * world
+        if rows % per_step:
+            raise ValueError(f"Under {world} processes every rank must hold the same number of keys at each step, but "
+                             f"{rows} rows leave a last batch short of {per_step}: set dataloader_drop_last=True.")
+
+
+def check_streamed_data(dataset, args=None) -> None:
+    """A streamed dataset (`datasets.IterableDataset`) under several processes: every rank must read its own
+    shards of the stream (accelerate does it with `dispatch_batches=False`: sentence-transformers batches raw
+    text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches."""
+    from datasets import IterableDataset
+    world = get_world_size()
+    if not isinstance(dataset, IterableDataset) or world < 2 or args is None:
+        return
+    if args.accelerator_config.dispatch_batches is not False or not args.dataloader_drop_last:
+        raise ValueError(f"A streamed train_dataset under {world} processes: pass accelerator_config={{'dispatch_batches': "
+                         "False}} (accelerate then gives every rank its own shards of the stream) and "
+                         "dataloader_drop_last=True to SentenceTransformerTrainingArguments.")
+    if dataset.num_shards % world:
+        raise ValueError(f"The streamed train_dataset has {dataset.num_shards} shards, which {world} processes cannot "
+                         f"share: give a multiple of {world} (e.g. Dataset.to_iterable_dataset(num_shards={2 * world})).")
