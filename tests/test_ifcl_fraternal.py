@@ -60,7 +60,7 @@ def test_fusion_position_by_position(tiny_encoder, fraternal_encoder, epsilon):
         embedded = model.fraternal_embeddings(fraternal_ids)
     else:
         embedded = model.online_encoder.get_input_embeddings()(ids)
-    expected = model._online_head(model.online_encoder(inputs_embeds=embedded, attention_mask=mask).last_hidden_state[:, 0])
+    expected = model.branches.online_key(model.online_encoder(inputs_embeds=embedded, attention_mask=mask).last_hidden_state[:, 0])
     assert torch.allclose(out.fraternal_query, expected, atol=1e-6)
     assert out.input_embeddings.shape == (2, 2, 32)
 

@@ -104,9 +104,22 @@ class FGSMPerturbation:
     def state_dict(self) -> dict:
         return {"last_gradient_sign": self.last_gradient_sign, "last_step_size": self.last_step_size}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.last_gradient_sign = state.get("last_gradient_sign")
-        self.last_step_size = state.get("last_step_size", self.epsilon)
+    def save(self, folder: str | Path, rank: int) -> None:
+        """Writes this process's "previous" state into a checkpoint `folder` (nothing for the other modes)."""
+        if self.mode == "previous":
+            torch.save(self.state_dict(), Path(folder) / FGSM_STATE_FILE.format(rank=rank))
+
+    def load(self, folder: str | Path, rank: int, device, *older_names: str) -> None:
+        """Reads what `save` wrote (or a file of one of `older_names`, formatted with `rank`), if any."""
+        for name in (FGSM_STATE_FILE, *older_names):
+            path = Path(folder) / name.format(rank=rank)
+            if self.mode == "previous" and path.is_file():
+                # Read onto the CPU, then moved: torch.load cannot map to "cpu:0", the device of DDP on CPU.
+                state = {k: v.to(device) if isinstance(v, Tensor) else v
+                         for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+                self.last_gradient_sign = state.get("last_gradient_sign")
+                self.last_step_size = state.get("last_step_size", self.epsilon)
+                return
 
 
 def gather(tensor: Tensor, with_grad: bool) -> Tensor:
@@ -123,23 +136,6 @@ def mean_pairwise_cosine(vectors: Tensor) -> Tensor:
     unit = F.normalize(vectors.detach().float(), dim=1)
     total = unit.sum(0)
     return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
-
-
-def save_fgsm_state(fgsm: FGSMPerturbation, folder: str | Path, rank: int) -> None:
-    """Writes this process's FGSM "previous" state into `folder` (nothing for the other modes)."""
-    if fgsm.mode == "previous":
-        torch.save(fgsm.state_dict(), Path(folder) / FGSM_STATE_FILE.format(rank=rank))
-
-
-def load_fgsm_state(fgsm: FGSMPerturbation, folder: str | Path, rank: int, device, *older_names: str) -> None:
-    """Reads what `save_fgsm_state` wrote (or a file of one of `older_names`, formatted with `rank`), if any."""
-    for name in (FGSM_STATE_FILE, *older_names):
-        path = Path(folder) / name.format(rank=rank)
-        if fgsm.mode == "previous" and path.is_file():
-            # Read onto the CPU, then moved: torch.load cannot map to "cpu:0", the device of DDP on CPU.
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            fgsm.load_state_dict({k: v.to(device) if isinstance(v, Tensor) else v for k, v in state.items()})
-            return
 
 
 def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
+from ..models.objective import FGSM_STATE_FILE
 
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
@@ -63,7 +63,7 @@ def save_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int,
         state = {name: module.state_dict() for name, module in loss.state_modules().items()}
         state.update(ema_last_decay=loss.callback.last_decay, fingerprint=fingerprint(loss.online_model))
         torch.save(state, folder / STATE_FILE)
-    save_fgsm_state(loss.fgsm, folder, process_index)
+    loss.fgsm.save(folder, process_index)
 
 
 def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int) -> dict[str, Any]:
@@ -77,5 +77,5 @@ def load_loss_state(loss: nn.Module, checkpoint: str | Path, process_index: int)
     for name, module in loss.state_modules().items():
         module.load_state_dict(state[name])
     loss.callback.last_decay = state["ema_last_decay"]
-    load_fgsm_state(loss.fgsm, folder, process_index, device)
+    loss.fgsm.load(folder, process_index, device)
     return {"folder": folder, "fingerprint": state["fingerprint"]}

@@ -293,7 +293,7 @@ class MoCoSELoss(nn.Module):
         check_training_data(self, dataset, args)
 
     def save_state(self, checkpoint: str | Path, args=None) -> None:
-        """Writes the loss state into `checkpoint/mocose_loss/` (`st_loss.callback`); the callback does
+        """Writes the loss state into `checkpoint/mocose_loss/` (`st_loss.checkpoints`); the callback does
         this for every checkpoint of a run."""
         rank = args.process_index if args is not None else get_rank()
         save_loss_state(self, checkpoint, rank, args.should_save if args is not None else rank == 0)

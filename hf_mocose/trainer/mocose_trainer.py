@@ -28,7 +28,7 @@ from ..augmentation.views import EmbeddingAugmentation, repeat_words
 from ..models.mtd import active_queue_window
 from ..models.ema import EMATargetCallback, ema_decay_at
 from ..models.modeling import MoCoSEModel
-from ..models.objective import ContrastiveObjective, FGSMPerturbation, load_fgsm_state, save_fgsm_state
+from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
@@ -238,8 +238,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def _save_rng_state(self, output_dir):
         """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""
         super()._save_rng_state(output_dir)
-        save_fgsm_state(self.fgsm, output_dir, self.args.process_index)
+        self.fgsm.save(output_dir, self.args.process_index)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        load_fgsm_state(self.fgsm, resume_from_checkpoint, self.args.process_index, self.args.device, OLDER_FGSM_STATE_FILE)
+        self.fgsm.load(resume_from_checkpoint, self.args.process_index, self.args.device, OLDER_FGSM_STATE_FILE)

@@ -49,7 +49,8 @@ def target_keys(model, batch: dict, embeddings: torch.Tensor, autocast: bool, he
         with context:
             state = model._encode_sentence(model.target_encoder, embeddings, batch["attention_mask"], None)
         with nullcontext() if heads_fp32 or not autocast else context:
-            return model._target_head(state.float() if heads_fp32 else state).float()
+            state = state.float() if heads_fp32 else state
+            return model.target_projection(model.target_pooler(state)).float()
 
 
 def cost(model, batch: dict, rounds: int) -> dict:
@@ -96,7 +97,7 @@ def key_effects(model, batch: dict, queue_batch: dict, temperature: float) -> di
     embeddings, queue_embeddings = words(batch["input_ids"]).detach(), words(queue_batch["input_ids"]).detach()
     model.train()
     with torch.no_grad():
-        query = model.predictor(model._online_head(model._encode_sentence(
+        query = model.predictor(model.branches.online_key(model._encode_sentence(
             model.online_encoder, embeddings, batch["attention_mask"], None)))
     options = {}
     for module in model.target_modules():
