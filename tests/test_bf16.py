@@ -156,11 +156,45 @@ def test_auto_bf16_from_the_command_line_and_in_the_quickstart_recipe(monkeypatc
     assert not parse_args([str(REPO_ROOT / "training_args" / "quickstart.yaml"), "--output_dir", str(tmp_path)])[1].bf16
 
 
-def test_auto_bf16_stays_fp32_off_the_cpu():
-    from hf_mocose.launch.precision import choose_auto_bf16
+def _gpu_bf16(monkeypatch, native: bool) -> None:
+    """A CUDA GPU simulated: native bf16 (Ampere and later) or only emulated (a V100, a T4), which
+    `is_bf16_supported()` counts unless `including_emulation=False`."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
 
-    chosen, why = choose_auto_bf16(torch.device("cuda"))
-    assert not chosen and "training on cuda" in why
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "emulated_only"])
+def test_auto_bf16_on_a_cuda_gpu_is_bf16_where_it_computes_bf16_natively(monkeypatch, native):
+    from hf_mocose.launch import precision
+
+    _gpu_bf16(monkeypatch, native)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: not native)  # the GPU decides, not the CPU
+    chosen, why = precision.choose_auto_bf16(torch.device("cuda", 0))
+    assert chosen is native
+    assert why == ("this GPU computes bf16 natively (torch.cuda.is_bf16_supported)" if native else
+                   "this GPU has no native bf16; TF32 matmuls only with --tf32 true (default: full fp32)")
+    assert precision.choose_auto_bf16(torch.device("cuda"), deepspeed=True)[0] is False
+    assert precision.choose_auto_bf16(torch.device("mps"))[0] is False
+
+
+def test_auto_bf16_on_a_simulated_gpu_turns_bf16_on_and_says_so(monkeypatch, capsys, tmp_path):
+    """The whole parse with the training device simulated as CUDA: bf16 autocast, `use_cpu` left alone."""
+    import transformers
+    from transformers import training_args
+
+    from hf_mocose.commands.train import parse_args
+
+    _gpu_bf16(monkeypatch, True)
+    on_cpu = transformers.TrainingArguments.device.fget  # still run: it sets up the process state on the CPU
+    monkeypatch.setattr(transformers.TrainingArguments, "device", property(lambda self: on_cpu(self) and
+                                                                           torch.device("cuda", 0)))
+    monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path}\nbf16: auto\n")
+    args = parse_args([str(recipe)])[1]
+    assert args.bf16 and args.mixed_precision == "bf16" and not args.use_cpu and args.tf32 is None
+    first = capsys.readouterr().out.strip().splitlines()[0]
+    assert first == ("bf16: auto -> bf16 autocast: this GPU computes bf16 natively (torch.cuda.is_bf16_supported). "
+                     "--bf16 true/false decides instead.")
 
 
 def test_auto_bf16_stays_fp32_under_deepspeed(monkeypatch, capsys, tmp_path):

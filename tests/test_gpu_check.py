@@ -1,8 +1,9 @@
-"""scripts/gpu_check/, the one-GPU acceptance run (issues 27 and 35), in its `--tiny` form on the CPU.
+"""scripts/gpu_check/, the one-GPU acceptance run (issues 27, 35 and 44), in its `--tiny` form on the CPU.
 
 The whole run goes through scripts/gpu_check/device.sh, the command prepared for the GPU machine (no wheels to
 install here); another run of it hides the carried packages and must end in one line and a report; the other tests
-show that the checks fail when what they check is broken, and check the carry, the exit status and the plan.
+show that the checks fail when what they check is broken, and check the carry, the verdict (what ran out of time
+is "not measured", never a failure), the plan and its time budget, and the TF32 flags (new API only).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 DEVICE_SCRIPT = REPO / "scripts" / "gpu_check" / "device.sh"
 sys.path.insert(0, str(REPO))  # scripts/ is a package of the repository root
+from scripts.gpu_check.carry import checkout_commit  # noqa: E402  (no torch, nothing heavy)
 CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "gpu_against_cpu", "fsdp2_world1",
           "quickstart_user_path", "torch_compile")
 SECTIONS = ("setup", "ema_queue", "export", "reference", "gpu_cpu", "fsdp2", "user_path", "compile", "throughput")
@@ -40,7 +42,7 @@ machinery.PathFinder.find_spec = classmethod(find_spec)
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """`bash scripts/gpu_check/device.sh --tiny ...` with two throughput variants (the default has four) and a
-    budget no loaded CI machine runs out of (the default, 110 s, skips what no longer fits)."""
+    budget no loaded CI machine runs out of (the default, 300 s, leaves unmeasured what no longer fits)."""
     out = tmp_path_factory.mktemp("gpu_check")
     env = {**os.environ, "GPU_CHECK_OUTPUT": str(out / "report"), "GPU_CHECK_WHEELS": str(out / "no-wheels"),
            "PYTHON": sys.executable}
@@ -54,9 +56,15 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
     proc, report = tiny_run
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     results = json.loads((report / "gpu_check.json").read_text())
-    assert results["schema_version"] == 2 and results["all_checks_passed"] and results["exit_status"] == 0
-    assert results["failures"] == [] and results["preflight"]["status"] == "ok" and "fatal" not in results
+    assert results["schema_version"] == 3 and results["all_checks_passed"] and results["exit_status"] == 0
+    assert results["failures"] == [] and results["not_measured"] == [] and results["complete"] is True
+    assert results["preflight"]["status"] == "ok" and results["preflight"]["broken"] == {}  # datasets reads data
+    assert "fatal" not in results and "interrupted" not in results
     meta = results["meta"]
+    assert meta["sections"] == list(SECTIONS[1:]) and meta["expected_checks"] == list(CHECKS)
+    checkout = checkout_commit(REPO)  # None where the tests run from a copy without .git
+    if checkout:
+        assert meta["git_commit"] == checkout["git_commit"] and meta["git_commit_source"].startswith("git")
     assert meta["tiny"] and meta["hardware"]["device"] == "cpu" and meta["model"]["layers"] == 2
     assert meta["versions"]["torch"] in (torch.__version__, torch.__version__.split("+")[0])
     assert 0 < meta["elapsed_s"] <= meta["time_budget_s"]
@@ -83,6 +91,14 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
     assert run["steps"] == 3 and run["wall_s"] > 0 and math.isfinite(run["spearman"]) and len(run["evaluations"]) == 2
     assert run["command"].startswith("accelerate launch --config_file configs/accelerate/default.yaml "
                                      "scripts/train.py training_args/quickstart.yaml ")
+    # as `bf16: auto` chose on this CPU (what choose_auto_bf16 says it must), then the other precision, both timed
+    assert run["precision"] == user["auto_expected"] and run["auto_line"].startswith("bf16: auto -> ")
+    other = user["other_precision_run"]
+    assert {run["precision"], other["precision"]} == {"bf16", "fp32"} and other["steps"] == 3
+    assert "--bf16" not in run["command"]
+    assert other["command"].endswith(f"--bf16 {str(other['precision'] == 'bf16').lower()}")
+    assert set(user["step_s"]) == {"bf16", "fp32", "fp32_over_bf16"} and user["step_s"]["bf16"] > 0
+    assert user["step_s"]["fp32_over_bf16"] == pytest.approx(user["step_s"]["fp32"] / user["step_s"]["bf16"], rel=1e-2)
     rows = results["throughput"]
     expected = ([(v, "bf16", 256, False) for v in VARIANTS] + [(v, "bf16", 256, True) for v in VARIANTS[::-1]]
                 + [(v, "bf16", 512, False) for v in VARIANTS] + [(v, "bf16", 64, False) for v in VARIANTS]
@@ -100,6 +116,7 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
             assert row["ema_ms"] is None and row["ema_share"] is None, row
         if row["compiled"]:
             assert row["torch_compile_backend"] == "eager" and row["warmup_steps"] == 3, row
+        assert row["fp32_precision"] == {"all": "ieee", "cuda_matmul": "ieee", "cudnn_conv": "ieee"}, row
     table = (report / "gpu_check.md").read_text()
     assert "## Throughput" in table and "## Checks" in table and "## Sections" in table
     for name in CHECKS:
@@ -108,7 +125,8 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
     assert "Quickstart (`accelerate launch" in table
     log = (report / "gpu_check.log").read_text()
     assert f"torch {torch.__version__}" in log and "exit status 0" in log
-    assert "STS-B dev Spearman" in (report / "quickstart.log").read_text()  # the launched job's own output
+    for log in ("quickstart.log", f"quickstart-{other['precision']}.log"):  # the launched jobs' own output
+        assert "STS-B dev Spearman" in (report / log).read_text()
 
 
 def test_without_the_carried_packages_the_device_script_ends_in_one_line_and_a_report(tmp_path):
@@ -129,9 +147,11 @@ def test_without_the_carried_packages_the_device_script_ends_in_one_line_and_a_r
         assert name in lines[-1], name
     assert "Traceback" not in proc.stdout + proc.stderr
     results = json.loads((out / "gpu_check.json").read_text())
-    assert results["preflight"]["status"] == "failed" and results["exit_status"] == 3
+    assert results["preflight"]["status"] == "failed" and results["exit_status"] == 3 and results["complete"] is False
     assert {"datasets", "dill", "multiprocess"} <= set(results["preflight"]["missing"])
-    assert sorted(results["checks"]) == sorted(CHECKS) and not any(c["passed"] for c in results["checks"].values())
+    assert sorted(results["checks"]) == sorted(CHECKS)
+    assert all(c["passed"] is None and c["detail"]["not_measured"] == "preflight failed: nothing ran"
+               for c in results["checks"].values())
     assert "stopped before any work" in (out / "gpu_check.md").read_text()
     assert lines[-1] in (out / "gpu_check.log").read_text()
 
@@ -200,35 +220,6 @@ def test_equivalence_check_fails_on_a_different_state_or_loss():
     assert not compare(reference, run(), "not sharded", False)["passed"]
 
 
-def _results(checks_passed=True, rows=(), sections=None):
-    from scripts.gpu_check.run import CHECKS as RUN_CHECKS
-
-    checks = {c: {"passed": checks_passed, "value": 0.0, "tolerance": 1.0, "measure": "", "detail": {}}
-              for c in RUN_CHECKS}
-    return {"checks": checks, "throughput": list(rows), "sections": sections or {"throughput": {"status": "ok"}},
-            "meta": {"tiny": True}}
-
-
-def test_exit_status_is_0_when_every_check_passed_even_with_rows_skipped_for_time():
-    from scripts.gpu_check.run import finish
-
-    skipped = {"variant": "plain", "precision": "fp32", "batch_size": 64, "compiled": False, "status": "skipped",
-               "reason": "3 s left of the section"}
-    results = _results(rows=[skipped])
-    finish(results, final=True)
-    assert results["exit_status"] == 0 and results["failures"] == [] and results["complete"] is False
-    failed = {**skipped, "status": "failed", "error": "RuntimeError: boom"}
-    results = _results(rows=[failed])
-    finish(results, final=True)
-    assert results["exit_status"] == 1 and results["failures"] == ["throughput plain fp32 batch 64"]
-    results = _results(checks_passed=False)
-    finish(results, final=True)
-    assert results["exit_status"] == 1 and "check torch_compile" in results["failures"]
-    results = _results(sections={"compile": {"status": "failed", "error": "x"}})
-    finish(results, final=True)
-    assert results["failures"] == ["section compile"]
-
-
 def test_an_error_anywhere_still_writes_the_report_and_one_line(tmp_path, monkeypatch, capsys):
     """Inside the guard from the first import on: an error before any section is recorded as `fatal`."""
     from scripts.gpu_check import preflight, run
@@ -242,6 +233,7 @@ def test_an_error_anywhere_still_writes_the_report_and_one_line(tmp_path, monkey
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert results["fatal"]["error"] == "RuntimeError: the image is broken" and results["exit_status"] == 1
     assert all(c["detail"]["not_measured"] == "RuntimeError: the image is broken" for c in results["checks"].values())
+    assert results["complete"] is False and results["failures"] == ["fatal: RuntimeError: the image is broken"]
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("gpu_check: stopped: RuntimeError: the image")
     assert (tmp_path / "out" / "gpu_check.md").is_file()
 
@@ -304,6 +296,8 @@ def test_carry_writes_a_float16_copy_with_checksums_that_catch_a_damaged_file(tm
         assert b.dtype == a.dtype and torch.equal(b, a.half().to(a.dtype) if a.is_floating_point() else a), name
     assert manifest["model"]["largest_rounding_error"] <= manifest["model"]["largest_abs_weight"] * 2**-11
     assert {carry.STS_FILE, carry.CORPUS_FILE, f"{carry.MODEL_DIR}/model.safetensors"} <= set(manifest["files"])
+    written = json.loads((folder / carry.MANIFEST).read_text())  # the commit, for a device without .git
+    assert written["git_commit"] == (checkout_commit(REPO) or {}).get("git_commit")
     assert carry.verify_checksums(folder)["ok"]
     with (model_dir / "model.safetensors").open("r+b") as f:
         f.seek(-1, 2)
@@ -324,6 +318,7 @@ def test_user_path_check_needs_the_same_inputs_steps_and_a_score_within_toleranc
     assert not compare({**run, "spearman": 81.5}, reference, 1.0, "rule")["passed"]
     assert not compare({**run, "steps": 62}, reference, 1.0, "rule")["passed"]
     assert not compare({**run, "inputs": {**inputs, "model_safetensors": "other"}}, reference, 1.0, "rule")["passed"]
+    assert not compare(run, reference, 1.0, "rule", ok=False)["passed"]  # e.g. `auto` chose the wrong precision
     committed = json.loads(REFERENCE_FILE.read_text())  # the CPU reference the device run is compared with
     assert committed["reference"]["seed"] == 42 and len(committed["runs"]) >= 3 and committed["tolerance"] > 0
     assert set(committed["inputs"]) == set(inputs) and committed["reference"]["steps"] > 0
@@ -349,3 +344,16 @@ def test_gpu_against_cpu_check_fails_when_the_cpu_run_differs(monkeypatch):
     assert not record["passed"] and record["value"] > equivalence.GPU_CPU_QUEUE_RTOL
     cpu_run.update(final=dict(final), losses=[2.0, 1.9 * (1 + 10 * equivalence.GPU_CPU_LOSS_RTOL)])
     assert not equivalence.check_gpu_cpu(ctx, device_run)["gpu_against_cpu"]["passed"]
+
+
+def test_user_path_step_time_leaves_the_evaluations_out_and_both_precisions_are_compared():
+    from scripts.gpu_check.user_path import step_times, train_step_s
+
+    state = {"global_step": 10, "log_history": [{"loss": 1.0, "step": 5}, {"eval_runtime": 2.0, "step": 5},
+                                                {"eval_runtime": 1.0, "step": 10}, {"train_runtime": 8.0}]}
+    assert train_step_s(state) == 0.5  # (8 - 2 - 1) / 10
+    assert train_step_s({**state, "log_history": state["log_history"][:-1]}) is None
+    times = step_times({"precision": "bf16", "train_step_s": 0.5}, {"precision": "fp32", "train_step_s": 1.5})
+    assert times == {"bf16": 0.5, "fp32": 1.5, "fp32_over_bf16": 3.0}
+    assert step_times({"precision": "bf16", "train_step_s": 0.5}, {"precision": "fp32", "not_measured": "x"}) == {
+        "bf16": 0.5}

@@ -126,15 +126,17 @@ def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
 
 
 def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args: MoCoSETrainingArguments):
-    """`bf16: auto`: bf16 autocast where training runs on a CPU with native bf16 (`choose_auto_bf16`), fp32
+    """`bf16: auto`: bf16 autocast where training runs on a GPU or CPU with native bf16 (`choose_auto_bf16`), fp32
     elsewhere; says which in one line. Returns the (re-parsed, when bf16 is chosen) argument dataclasses."""
     zero_stage = launch_sharding(training_args)[1]
-    chosen, why = choose_auto_bf16(training_args.device, deepspeed=zero_stage is not None)
+    device = training_args.device
+    chosen, why = choose_auto_bf16(device, deepspeed=zero_stage is not None)
     if training_args.process_index == 0:
         print(f"bf16: auto -> {'bf16 autocast' if chosen else 'fp32'}: {why}. --bf16 true/false decides instead.")
     if not chosen:
         return None
-    parser.set_defaults(bf16=True, use_cpu=True)  # on the CPU already; transformers wants use_cpu for CPU bf16
+    # on the CPU already; transformers wants use_cpu for CPU bf16
+    parser.set_defaults(bf16=True, **({"use_cpu": True} if device.type == "cpu" else {}))
     return parser.parse_args_into_dataclasses(args=argv)
 
 

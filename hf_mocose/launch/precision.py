@@ -59,13 +59,18 @@ def cpu_has_native_bf16() -> bool:
 
 
 def choose_auto_bf16(device: torch.device, deepspeed: bool = False) -> tuple[bool, str]:
-    """What `bf16: auto` resolves to for training on `device`, and why: bf16 on a CPU that computes it natively
-    (about 0.6x the fp32 step time at the same STS quality, docs/performance.md); fp32 elsewhere, including GPUs
-    (not measured) and under DeepSpeed (which would cast the EMA target to bf16)."""
+    """What `bf16: auto` resolves to for training on `device`, and why: bf16 autocast on a CUDA GPU that computes
+    bf16 natively (`torch.cuda.is_bf16_supported`, emulation not counted: Ampere and later) and on a CPU that does
+    (about 0.6x the fp32 step time at the same STS quality there, docs/performance.md); fp32 elsewhere, and under
+    DeepSpeed (which would cast the EMA target to bf16). The EMA target, weights and optimizer state stay fp32."""
     if deepspeed:
         return False, "under DeepSpeed bf16 would cast the EMA target to bf16 too"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, "this GPU computes bf16 natively (torch.cuda.is_bf16_supported)"
+        return False, "this GPU has no native bf16; TF32 matmuls only with --tf32 true (default: full fp32)"
     if device.type != "cpu":
-        return False, f"training on {device.type}; auto picks bf16 only on CPUs with native bf16 (measured there)"
+        return False, f"training on {device.type}; auto picks bf16 only on CUDA GPUs and CPUs with native bf16"
     if cpu_has_native_bf16():
         return True, "this CPU computes bf16 natively (AVX512-BF16 or AMX)"
     return False, "this CPU has no native bf16 (neither AVX512-BF16 nor AMX)"

@@ -13,7 +13,8 @@ device tool's `carry` takes along, with a checksum of every file:
   python_docs.txt            the quickstart's corpus (`builtin:python_docs`) as this machine's Python makes it: the
                              device's Python is another version, whose documentation has other sentences
   SHA256SUMS                 `sha256sum -c` format, checked on the device before the quickstart runs
-  MANIFEST.json              sizes, sources, the float16 rounding's largest error
+  MANIFEST.json              sizes, sources, the float16 rounding's largest error, and the commit of this checkout
+                             (`git_commit`, `git_dirty`): `.git` does not travel, so run.py names the commit from it
 
 The whole carry, with the working tree, must stay under the tool's 64 MiB; this script refuses to finish above it.
 """
@@ -38,6 +39,7 @@ MODEL_DIR = "all-MiniLM-L6-v2-fp16"
 STS_FILE = "sts-dev.csv"
 CORPUS_FILE = "python_docs.txt"
 CHECKSUMS = "SHA256SUMS"
+MANIFEST = "MANIFEST.json"
 # module -> the wheel that brings it (the versions the --tiny run was replayed with in the device's conditions)
 WHEELS = {"datasets": "datasets==5.2.0", "dill": "dill==0.4.1", "multiprocess": "multiprocess==0.70.19"}
 LIMIT_BYTES = 64 * 2**20  # the device tool's limit for the working tree and every carried path together
@@ -135,6 +137,23 @@ def verify_checksums(carry: Path) -> dict:
             "files": files}
 
 
+def checkout_commit(repo: Path) -> dict | None:
+    """{"git_commit": HEAD, "git_dirty": whether tracked files differ from it} of `repo` when it is the top of a git
+    checkout (not merely inside another one); None where there is no `.git` or no git."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != Path(repo).resolve():
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(changed)}
+
+
 def tree_bytes() -> int:
     """Bytes of what the device tool sends besides `carry`: tracked and untracked-but-not-ignored files."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
@@ -151,7 +170,8 @@ def prepare(carry: Path, senteval: Path, model: Path | None = None, wheels: bool
 
         model = Path(default_encoder())
     carry.mkdir(parents=True, exist_ok=True)
-    manifest = {"model": write_fp16_copy(model, carry / MODEL_DIR)}
+    manifest = {**(checkout_commit(REPO) or {"git_commit": None, "git_dirty": None}),
+                "model": write_fp16_copy(model, carry / MODEL_DIR)}
     sts = senteval / "STS" / "STSBenchmark" / "sts-dev.csv"
     if not sts.is_file():
         raise FileNotFoundError(f"{sts} not found: give --senteval_dir (SentEval's folder, with STS/STSBenchmark/)")
@@ -161,7 +181,7 @@ def prepare(carry: Path, senteval: Path, model: Path | None = None, wheels: bool
     manifest.update(sts_source=str(sts), corpus_sentences=len(sentences),
                     corpus_python=".".join(map(str, sys.version_info[:3])),
                     wheels=download_wheels(carry / "wheels") if wheels else [])
-    (carry / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    (carry / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     manifest["files"] = write_checksums(carry)
     return manifest
 
@@ -182,6 +202,8 @@ def main(argv=None) -> int:
     print(f"{carried / 2**20:9.2f} MiB  {CARRY_ENTRY} in all ({len(manifest['files'])} files)")
     print(f"{tree / 2**20:9.2f} MiB  the working tree (tracked and untracked-not-ignored files)")
     print(f"{(carried + tree) / 2**20:9.2f} MiB  together, of the device tool's 64 MiB")
+    print(f"commit {manifest['git_commit']}{' with uncommitted changes' if manifest['git_dirty'] else ''} (in "
+          f"{CARRY_ENTRY}/{MANIFEST}: the device's report names it)")
     print(f"float16 copy: largest rounding error {manifest['model']['largest_rounding_error']:.2e}, largest weight "
           f"{manifest['model']['largest_abs_weight']:.3g}, {manifest['model']['nonzero_values_rounded_to_zero']} "
           "non-zero values rounded to zero")

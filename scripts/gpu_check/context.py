@@ -104,6 +104,30 @@ def device_facts(device: str) -> dict:
 THROUGHPUT_VARIANTS = ("plain", "simcse", "mocose_previous", "st_mnrl")  # throughput.py's; here without torch
 
 
+def fp32_precision() -> dict:
+    """The fp32 precision in force ("ieee": full fp32; "tf32"; "none": torch's default, full fp32 for matrix
+    products), everywhere, for CUDA matrix products and for cuDNN convolutions. Read through torch's `fp32_precision`
+    API only: once that API has set TF32 (transformers does, for `torch_compile=True` on a GPU), reading the legacy
+    TF32 flags raises `RuntimeError: ... mix of the legacy and new APIs`."""
+    import torch
+
+    return {"all": torch.backends.fp32_precision, "cuda_matmul": torch.backends.cuda.matmul.fp32_precision,
+            "cudnn_conv": torch.backends.cudnn.conv.fp32_precision}
+
+
+def full_fp32() -> dict:
+    """Full fp32 (TF32 off) everywhere, whatever an earlier run chose, through the new API at every level (so that
+    none disagrees with another: a process-wide "tf32" under a matmul "ieee" makes `get_float32_matmul_precision`
+    raise); returns `fp32_precision()`. What an eager run gets by default: torch's default is full fp32 for matrix
+    products, and the Trainer's `tf32` left unset changes nothing."""
+    import torch
+
+    torch.backends.fp32_precision = "ieee"
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    return fp32_precision()
+
+
 class SectionTimeout(BaseException):
     """A section ran past its time (BaseException: no `except Exception` inside a section swallows it)."""
 

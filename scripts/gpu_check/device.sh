@@ -10,8 +10,9 @@
 # writes gpu_check.json, gpu_check.md, gpu_check.log and quickstart.log into $GPU_CHECK_OUTPUT (default
 # $OUT/gpu_check). run.py checks the packages before any work: when one is missing it writes the report with the
 # failure in it and ends the output with one line naming the missing packages, their wheels and the carry entry.
-# The exit status is run.py's (0: every check passed; 3: a package is missing; 124: the timeout stopped it, and the
-# JSON holds the sections done).
+# The exit status is run.py's (0: every selected check ran and passed; 1: something failed; 2: nothing failed, but some
+# check or section ran out of time; 3: a package is missing or datasets cannot read data; 124: the timeout stopped it,
+# and the JSON holds the sections done). `--sections NAME ...` reruns only those (the JSON's `rerun` names them).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 REPO="$PWD"

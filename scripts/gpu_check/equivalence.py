@@ -6,7 +6,8 @@ All four runs are `MoCoSETrainer` (method "mocose", fgsm_mode "previous") on the
 optimizer SGD, so that they are deterministic and an update is proportional to its gradient. Each records the loss of every
 step (the value `compute_loss` returned, unrounded) and the whole model state before and after training
 (online and target weights, heads, queue; FSDP2's `DTensor`s gathered). fp32 matrix products are full fp32 in
-every run (TF32 off: accelerate switches it on for compiled fp32 runs on CUDA).
+every run (TF32 off, set through torch's `fp32_precision` API after the trainer is built: transformers switches TF32
+on for compiled runs on CUDA), and each run records the precision it trained with (`context.fp32_precision`).
 
 (c) runs in a child process with torch.distributed initialised for one process (RANK=0, WORLD_SIZE=1) and the
 Trainer's FSDP2 settings (`fsdp_config={"version": 2, ...}`: accelerate's `fully_shard`, one unit per
@@ -49,19 +50,12 @@ def full_state(model) -> dict:
             for name, t in model.state_dict().items() if t.is_floating_point()}
 
 
-def fp32_matmuls(ctx) -> dict:
-    """Full fp32 matrix products on CUDA, whatever an earlier set-up chose; returns the flags now in force."""
-    if ctx.cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        return {"cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
-    return {}
-
-
 def recorded_run(ctx, name: str, **overrides) -> dict:
     """Trains the equivalence run with `overrides`; returns losses, state before/after and how it ran."""
     from accelerate.utils import is_compiled_module
 
     from hf_mocose.models.ema import is_sharded
+    from scripts.gpu_check.context import fp32_precision, full_fp32
 
     sizes = ctx.sizes
     cfg = ctx.cfg(sizes.equivalence_batch, sizes.equivalence_steps)
@@ -79,13 +73,13 @@ def recorded_run(ctx, name: str, **overrides) -> dict:
         return result
 
     trainer.compute_loss = recorded_compute_loss  # instance attribute: the class is untouched
-    flags = fp32_matmuls(ctx)
+    full_fp32()  # after the trainer's set-up: transformers turns TF32 on for torch_compile=True on a GPU
     trainer.train()
     params = list(trainer.model.parameters())
     how = {"device": str(params[0].device), "fsdp": bool(trainer.is_fsdp_enabled),
            "compiled": is_compiled_module(trainer.model_wrapped),
            "sharded_parameters": sum(is_sharded(p) for p in params), "parameters": len(params),
-           "world_size": trainer.args.world_size, **flags}
+           "world_size": trainer.args.world_size, "fp32_precision": fp32_precision()}
     result = {"losses": losses, "initial": initial, "final": full_state(trainer.model), "how": how}
     del trainer
     ctx.free_memory()

@@ -1,17 +1,22 @@
-"""Before any work: can this Python import everything the gpu_check needs?
+"""Before any work: can this Python import everything the gpu_check needs, and can `datasets` read data with the
+image's pyarrow and fsspec?
 
 The device image has torch, transformers, accelerate and sentence-transformers but not `datasets` (which
 `MoCoSETrainer` imports) nor two of its needs; their wheels travel in the carried folder (`scripts/gpu_check/carry.py`)
 and `device.sh` installs them. Without them the run would die at the first trainer with `ModuleNotFoundError`
 and leave no result, so run.py calls `missing_modules()` first and, when something is missing, writes its report
 with the failure in it and ends with `stop_line()`: one line naming what is missing, the wheels that bring it and the
-`carry` entry that brings those.
+`carry` entry that brings those. Then `exercise_datasets` runs what every trainer of the run does first,
+`Dataset.from_dict(...).map(...)` and the library's text loader on a two-line file: `datasets` 5.2 needs pyarrow >= 24
+and fsspec <= 2026.9.0, and the image's versions are not known in advance, so a mismatch stops the run here in one
+line (`stop_line`), not in the middle of a section.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 from scripts.gpu_check.carry import CARRY_ENTRY, WHEELS
 
@@ -43,8 +48,44 @@ def wheels_status() -> str:
     return os.environ.get(WHEELS_STATUS_ENV, "not run through device.sh: no wheels were installed")
 
 
-def stop_line(missing: dict[str, str], report: str) -> str:
-    """The one line the run ends with when `missing` is not empty."""
+def _one_line(err: Exception) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
+
+
+def exercise_datasets(folder: Path) -> dict[str, str]:
+    """{what: the error it raised} for `Dataset.from_dict(...).map(...)` and `load_sentences` (the text loader:
+    datasets' "text" builder, through fsspec and pyarrow) on a two-line file in `folder`; empty when both work."""
+    from datasets import Dataset
+
+    from hf_mocose.data.corpus import load_sentences
+
+    broken = {}
+    try:
+        mapped = Dataset.from_dict({"text": ["one", "two words"]}).map(lambda row: {"words": len(row["text"].split())})
+        if mapped["words"] != [1, 2]:
+            raise ValueError(f"map gave {mapped['words']}, not [1, 2]")
+    except Exception as err:  # noqa: BLE001 - whatever a mismatched pyarrow raises
+        broken["Dataset.from_dict(...).map(...)"] = _one_line(err)
+    try:
+        path = Path(folder) / "preflight-two-lines.txt"
+        path.write_text("The first sentence.\nThe second one.\n", encoding="utf-8")
+        loaded = load_sentences(train_file=str(path))
+        if loaded["text"] != ["The first sentence.", "The second one."]:
+            raise ValueError(f"read {loaded['text']}")
+    except Exception as err:  # noqa: BLE001 - whatever a mismatched pyarrow or fsspec raises
+        broken["the text loader (load_sentences of a .txt file)"] = _one_line(err)
+    return broken
+
+
+def stop_line(missing: dict[str, str], report: str, broken: dict[str, str] | None = None,
+              versions: dict | None = None) -> str:
+    """The one line the run ends with when `missing` or `broken` (`exercise_datasets`) is not empty."""
+    if not missing and broken:
+        v = versions or {}
+        what = "; ".join(f"{name} raised {error}" for name, error in broken.items())
+        return (f"gpu_check: stopped before any work: datasets {v.get('datasets')} cannot read data with pyarrow "
+                f"{v.get('pyarrow')} and fsspec {v.get('fsspec')} (datasets 5.2 needs pyarrow >= 24, fsspec <= "
+                f"2026.9.0): {what}; report: {report}")
     wheels = [WHEELS[name] for name in missing if name in WHEELS]
     # a module of the image that fails only because a carried one is missing (sentence-transformers imports
     # datasets) is named as such, not as a broken image

@@ -34,18 +34,27 @@ def header(results: dict) -> list[str]:
         f"- model: {model.get('model', '-')} ({_number(model.get('parameters'))} parameters), sequence length "
         f"{sizes.get('max_seq_length', '-')}; throughput: median of {sizes.get('timed_steps', '-')} steps after "
         f"{sizes.get('warmup_steps', '-')} warm-up steps ({sizes.get('compiled_warmup_steps', '-')} when compiled)",
-        f"- command: `{meta['command']}` (commit {meta.get('git_commit') or 'unknown'}), started {meta['started_utc']}",
+        f"- command: `{meta['command']}` (commit {meta.get('git_commit') or 'unknown'}, from "
+        f"{meta.get('git_commit_source', '-')}), started {meta['started_utc']}",
         f"- finished in {_number(meta.get('elapsed_s'))} s of a {_number(meta['time_budget_s'], 0)} s budget; "
-        f"exit status **{results.get('exit_status')}**; every check passed: "
-        f"**{'yes' if results.get('all_checks_passed') else 'NO'}**; failures: "
-        f"{', '.join(results.get('failures') or []) or 'none'}",
+        f"exit status **{results.get('exit_status')}**; sections run: {', '.join(meta.get('sections') or [])}; "
+        f"every expected check passed: **{'yes' if results.get('all_checks_passed') else 'NO'}**; complete: "
+        f"{'yes' if results.get('complete') else 'no'}; failures: {', '.join(results.get('failures') or []) or 'none'}",
     ]
+    if results.get("not_measured"):
+        lines.append(f"- not measured (out of time, not failures): {_cell('; '.join(results['not_measured'])[:1500])}")
+    if results.get("rerun"):
+        lines.append(f"- to run again only what failed or was not measured: `{results['rerun']['command']}` (budget "
+                     f"{_number(results['rerun']['budget_s'], 0)} s; docs/performance.md, section 3)")
     preflight = results.get("preflight") or {}
     if preflight.get("status") == "failed":
-        lines.append(f"- **stopped before any work**: cannot import {', '.join(preflight['missing'])} (wheels: "
-                     f"{preflight.get('wheels')})")
-    if "fatal" in results:
-        lines.append(f"- **stopped**: {_cell(results['fatal']['error'][:500])}")
+        broken = "; ".join(f"{what}: {error}" for what, error in (preflight.get("broken") or {}).items())
+        trouble = (f"cannot import {', '.join(preflight['missing'])}" if preflight.get("missing") else
+                   f"datasets cannot read data: {_cell(broken)}")
+        lines.append(f"- **stopped before any work**: {trouble[:800]} (wheels: {preflight.get('wheels')})")
+    for kind in ("fatal", "interrupted"):
+        if kind in results:
+            lines.append(f"- **stopped ({kind})**: {_cell(results[kind]['error'][:500])}")
     goal = results.get("goal") or {}
     if goal.get("applies"):
         best = goal.get("best") or {}
@@ -83,15 +92,21 @@ def checks_table(checks: dict) -> list[str]:
              "| --- | --- | ---: | ---: | --- |"]
     for name, check in checks.items():
         what = check.get("measure") or check.get("detail", {}).get("not_measured", "")
-        lines.append(f"| {name} | {'yes' if check['passed'] else '**NO**'} | {_number(check.get('value'))} | "
-                     f"{_number(check.get('tolerance'))} | {_cell(what)} |")
+        passed = {True: "yes", False: "**NO**", None: "not measured"}[check["passed"]]
+        lines.append(f"| {name} | {passed} | {_number(check.get('value'))} | {_number(check.get('tolerance'))} | "
+                     f"{_cell(what)} |")
     user = checks.get("quickstart_user_path", {}).get("detail", {})
     if "device_run" in user:
-        device, cpu = user["device_run"], user["cpu_reference"]
-        lines += ["", "Quickstart (`accelerate launch ... scripts/train.py training_args/quickstart.yaml`): STS-B dev "
-                  f"Spearman {device['spearman']} on {device['device']} after {device['steps']} steps in "
-                  f"{device['wall_s']} s; CPU reference {cpu['spearman']} after {cpu['steps']} steps in "
-                  f"{cpu['wall_s']} s ({_cell(cpu.get('source', ''))})."]
+        device, cpu, other = user["device_run"], user["cpu_reference"], user.get("other_precision_run", {})
+        lines += ["", "Quickstart (`accelerate launch ... scripts/train.py training_args/quickstart.yaml`), as `bf16: "
+                  f"auto` chose on {device['device']} ({device.get('precision')}; expected "
+                  f"{user.get('auto_expected')}): STS-B dev Spearman {device['spearman']} after {device['steps']} "
+                  f"steps in {device['wall_s']} s; CPU reference (fp32) {cpu['spearman']} after {cpu['steps']} steps "
+                  f"in {cpu['wall_s']} s ({_cell(cpu.get('source', ''))}). The same job in "
+                  f"{other.get('precision', '-')}: " + (f"Spearman {other['spearman']} in {other['wall_s']} s" if
+                                                         "spearman" in other else _cell(other.get("not_measured") or
+                                                                                        other.get("error") or "-"))
+                  + f". Seconds per training step: {user.get('step_s') or '-'}."]
     return lines
 
 

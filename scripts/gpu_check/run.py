@@ -14,8 +14,9 @@ Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run cut
 everything, the imports included, runs inside one guard, so they are written whatever happens. When a package is
 missing it stops before any work with one line that names it (preflight.py).
 
-Sections, in order (each timed, skipped with its reason when the time budget is short, its failure recorded
-without stopping the others):
+Sections, in order (each timed, given its share of the budget from the sections' own estimates (plan.py), recorded
+as "not measured" with its reason and elapsed time when it runs out of time, its failure recorded without stopping
+the others; `--sections` runs some of them, and the eager reference too when they compare with it):
   ema_queue   (a) the EMA target stays fp32 under bf16 autocast and equals a float64 reference lerp after N
               steps; (b) the key queue equals a CPU float64 replay of the same steps (mocose_checks.py)
   export      (e) the sentence-transformers export's embeddings equal the checkpoint's `MoCoSEModel.embed`
@@ -23,16 +24,18 @@ without stopping the others):
   reference   the eager fp32 run that the next three are compared with (equivalence.py)
   gpu_cpu     (f) the reference run again on this machine's CPU: losses and final key queue agree
   fsdp2       (c) FSDP2 (`fully_shard`, torch.distributed with one process) equals the unsharded run
-  user_path   (g) the README's quickstart through `accelerate launch` from the carried MiniLM: STS-B dev Spearman
-              and wall time, against the committed CPU run of the same job (user_path.py)
+  user_path   (g) the README's quickstart through `accelerate launch` from the carried MiniLM, as a user gets it
+              (`bf16: auto`: bf16 on a GPU with native bf16): STS-B dev Spearman against the committed CPU run of
+              the same job, and the training step time of both precisions (user_path.py)
   compile     (d) `torch_compile=True` trains and its losses and state match the eager run
   throughput  sentences/s, peak GPU memory (allocated and reserved) and the EMA's share of plain fine-tuning,
               SimCSE mode, MoCoSE and sentence-transformers MNRL at sequence length 32: bf16 at batch 256 first
               (eager, then compiled), then batch 512, bf16 at 64, fp32 (throughput.py); last, with the time left:
-              runs that no longer fit are skipped, and marked so
+              rows that no longer fit are not measured, and marked so
 
-Exit status 0 when every check passed and nothing failed (rows and sections skipped for time are not failures),
-3 when a package is missing (nothing ran), else 1.
+Exit status (verdict.py): 0 every selected check ran and passed; 1 a check, section or row failed; 2 nothing failed
+but a selected check or section ran out of time or was interrupted; 3 a package is missing or `datasets` cannot read
+data (nothing ran).
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -59,33 +61,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository:
 
 from scripts import REPO  # noqa: E402  (and the offline defaults of every script)
 from scripts.gpu_check.context import THROUGHPUT_VARIANTS, SectionTimeout  # noqa: E402  (no torch: stdlib only)
-
-CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "gpu_against_cpu", "fsdp2_world1",
-          "quickstart_user_path", "torch_compile")
-GOAL_SENTENCES_PER_S = 7000  # MoCoSE BERT-base, bf16, length 32, one H100 (docs/performance.md, section 3)
-PREFLIGHT_EXIT = 3
-
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    checks: tuple[str, ...]
-    want_s: tuple[float, float]  # seconds it is given when there is time (full size, tiny)
-    min_s: tuple[float, float]  # seconds below which it is not started (full size, tiny)
-    needs_reference: bool = False
-
-
-SECTIONS = (
-    Section("ema_queue", ("ema_fp32_lerp", "queue_cpu_replay"), (60, 25), (20, 5)),
-    Section("export", ("export_embeddings",), (60, 25), (20, 5)),
-    Section("reference", (), (40, 15), (15, 3)),
-    Section("gpu_cpu", ("gpu_against_cpu",), (60, 15), (20, 3), needs_reference=True),
-    Section("fsdp2", ("fsdp2_world1",), (90, 45), (40, 15), needs_reference=True),
-    Section("user_path", ("quickstart_user_path",), (120, 60), (60, 20)),
-    # inductor compiles MoCoSE's step twice: FGSM "previous" has no perturbation at the first step, then has one
-    Section("compile", ("torch_compile",), (240, 30), (90, 10), needs_reference=True),
-    Section("throughput", (), (0, 0), (30, 10)),  # last: whatever time is left, row by row
+from scripts.gpu_check.plan import (  # noqa: E402
+    NAMES,
+    default_budget,
+    expected_checks,
+    section_limit,
+    selected_sections,
 )
+from scripts.gpu_check.verdict import finish, not_measured  # noqa: E402
 
 
 class Terminated(BaseException):
@@ -111,22 +94,12 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def section_limit(index: int, ctx, tiny: bool) -> tuple[float, float]:
-    """(seconds section `index` may take, seconds it needs at least): what it wants of what is left, keeping the
-    minimum of every later section; a section that wants 0 s (throughput) takes all of it."""
-    which = 1 if tiny else 0
-    section, later = SECTIONS[index], SECTIONS[index + 1:]
-    limit = ctx.left() - sum(s.min_s[which] for s in later)
-    if section.want_s[which]:
-        limit = min(section.want_s[which], limit)
-    return limit, section.min_s[which]
-
-
 def write_report(results: dict, output_dir: Path, final: bool = False) -> None:
     """gpu_check.json and gpu_check.md, each replaced whole (a reader never sees half a file)."""
     from scripts.gpu_check.report import markdown
 
     finish(results, final)
+    results["meta"]["elapsed_s"] = round(time.monotonic() - STARTED, 1)
     for name, text in (("gpu_check.json", json.dumps(results, indent=1, default=str)),
                        ("gpu_check.md", markdown(results))):
         partial = output_dir / f".{name}.partial"
@@ -134,7 +107,7 @@ def write_report(results: dict, output_dir: Path, final: bool = False) -> None:
         partial.replace(output_dir / name)
 
 
-def run_section(section: Section, ctx, results: dict, state: dict, seconds: float) -> None:
+def run_section(section, ctx, results: dict, state: dict, seconds: float) -> None:
     """Runs one section under its time limit and records its outcome in `results`."""
     from scripts.gpu_check.equivalence import check_compile, check_fsdp, check_gpu_cpu, recorded_run
     from scripts.gpu_check.mocose_checks import check_ema_and_queue, check_export
@@ -156,10 +129,9 @@ def run_section(section: Section, ctx, results: dict, state: dict, seconds: floa
     elif name == "user_path":
         try:
             results["checks"].update(check_user_path(ctx, state["carry_dir"], seconds - 2))
-        finally:  # its log comes back with the report (the device returns what is under $OUT)
-            log = ctx.workdir / "quickstart-device.log"
-            if log.is_file():
-                shutil.copyfile(log, state["output_dir"] / "quickstart.log")
+        finally:  # the launches' logs come back with the report (the device returns what is under $OUT)
+            for log in ctx.workdir.glob("quickstart-device*.log"):
+                shutil.copyfile(log, state["output_dir"] / log.name.replace("quickstart-device", "quickstart"))
     elif name == "compile":
         results["checks"].update(check_compile(ctx, state["reference"]))
         state["compile_s"] = results["checks"]["torch_compile"]["detail"]["seconds"]
@@ -170,71 +142,65 @@ def run_section(section: Section, ctx, results: dict, state: dict, seconds: floa
 
 
 def run_all(ctx, args, results: dict, state: dict) -> None:
-    for index, section in enumerate(SECTIONS):
-        record = results["sections"][section.name] = {"status": "skipped", "seconds": 0.0}
-        limit, minimum = section_limit(index, ctx, args.tiny)
-        if section.name not in args.sections:
-            record["reason"] = "not asked for (--sections)"
+    sections = selected_sections(args.sections)
+    for name in NAMES:  # the plan whole, in order: what is not run says why
+        results["sections"][name] = ({"status": "pending", "seconds": 0.0} if name in results["meta"]["sections"] else
+                                     {"status": "not_selected", "seconds": 0.0, "reason": "not asked for (--sections)"})
+    for index, section in enumerate(sections):
+        record = results["sections"][section.name] = {"status": "not_measured", "seconds": 0.0}
+        limit, minimum = section_limit(section, sections[index + 1:], ctx.left(), args.tiny)
+        reference = results["sections"].get("reference") or {}
+        if results["sections"]["setup"]["status"] != "ok":
+            record["reason"] = "needs the encoder, which could not be built (setup failed)"
         elif section.needs_reference and "reference" not in state:
-            record["reason"] = "needs the eager reference run, which did not complete"
+            record["reason"] = f"needs the eager reference run, which {_outcome(reference)}"
         elif limit < minimum:
-            record["reason"] = f"{limit:.0f} s for it, it needs at least {minimum:.0f} s"
+            record["reason"] = f"ran out of time: {max(limit, 0):.0f} s left for it, it needs at least {minimum:.0f} s"
         else:
             ctx.log(f"section {section.name}: starting ({limit:.0f} s for it)")
-            start = time.monotonic()
-            try:
-                with time_limit(limit + (5 if section.name == "fsdp2" else 0)):
-                    run_section(section, ctx, results, state, limit)
-                record.update(status="ok")
-            except (Exception, SectionTimeout) as err:  # noqa: BLE001 - recorded; the next sections go on
-                record.update(status="failed", error=f"{type(err).__name__}: {err}"[:3000],
-                              traceback=traceback.format_exc()[-4000:])
-                ctx.log(f"section {section.name}: FAILED {record['error'][:500]}")
-            record["seconds"] = round(time.monotonic() - start, 1)
-            try:
-                ctx.free_memory()
-            except Exception as err:  # noqa: BLE001 - e.g. a CUDA error left by the section: the next may still run
-                ctx.log(f"freeing memory after {section.name} failed: {err}")
-            ctx.log(f"section {section.name}: {record['status']} in {record['seconds']} s")
-        if record["status"] == "skipped":
-            ctx.log(f"section {section.name}: skipped ({record['reason']})")
+            record["status"] = "running"
+            run_timed(section, ctx, results, state, limit, record)
+        if record["status"] != "ok":
+            ctx.log(f"section {section.name}: {record['status']} ({record.get('error') or record.get('reason')})")
         for check in section.checks:
             if check not in results["checks"]:
-                why = record.get("error") or record.get("reason") or "the section did not produce it"
-                results["checks"][check] = not_measured(f"{section.name}: {why}")
+                if record["status"] == "failed":
+                    results["checks"][check] = {**not_measured(f"{section.name}: {record['error']}"), "passed": False}
+                else:
+                    why = f"{section.name}: {record.get('reason')}"
+                    results["checks"][check] = not_measured(why, record["seconds"])
         write_report(results, state["output_dir"])
 
 
-def not_measured(why: str) -> dict:
-    return {"passed": False, "value": None, "tolerance": None, "measure": None, "detail": {"not_measured": why}}
+def _outcome(record: dict) -> str:
+    return {"failed": "failed", "not_measured": "ran out of time", "interrupted": "was interrupted"}.get(
+        record.get("status"), "did not complete")
 
 
-def finish(results: dict, final: bool = False) -> None:
-    """The verdicts: every check passed, nothing failed (skipped for time is not a failure), the exit status;
-    `final`: the run is over, and a check it did not reach is recorded as not measured."""
-    checks, sections, rows = results["checks"], results["sections"], results["throughput"]
-    if final:
-        for check in CHECKS:
-            checks.setdefault(check, not_measured(results.get("fatal", {}).get("error") or "the run ended before it"))
-    results["all_checks_passed"] = all(checks.get(c, {}).get("passed") for c in CHECKS)
-    results["complete"] = (all(s["status"] == "ok" for s in sections.values())
-                           and all(r.get("status") == "ok" for r in rows))
-    results["failures"] = ([f"check {c}" for c in CHECKS if not checks.get(c, {}).get("passed")]
-                           + [f"section {n}" for n, s in sections.items() if s["status"] == "failed"]
-                           + [f"throughput {r['variant']} {r['precision']} batch {r['batch_size']}"
-                              f"{' compiled' if r.get('compiled') else ''}"
-                              for r in rows if r.get("status") == "failed"]
-                           + (["fatal: " + results["fatal"]["error"]] if "fatal" in results else []))
-    preflight_failed = results.get("preflight", {}).get("status") == "failed"
-    results["exit_status"] = PREFLIGHT_EXIT if preflight_failed else (1 if results["failures"] else 0)
-    mocose = [r for r in rows if r.get("status") == "ok" and r["variant"] == "mocose_previous"
-              and r["precision"] == "bf16"]
-    best = max(mocose, key=lambda r: r["sentences_per_second"], default=None)
-    results["goal"] = {"sentences_per_second": GOAL_SENTENCES_PER_S, "what": "MoCoSE (fgsm previous) BERT-base, bf16, "
-                       "length 32, one H100", "applies": not results["meta"]["tiny"],
-                       "best": best and {k: best[k] for k in ("sentences_per_second", "batch_size", "compiled")},
-                       "met": bool(best and best["sentences_per_second"] >= GOAL_SENTENCES_PER_S)}
-    results["meta"]["elapsed_s"] = round(time.monotonic() - STARTED, 1)
+def run_timed(section, ctx, results: dict, state: dict, limit: float, record: dict) -> None:
+    """Runs `section` under `limit` seconds and writes its outcome into `record`: ok; not measured when its time ran
+    out (with the reason and the seconds it had run); failed on an error; interrupted (then re-raised) when the run
+    is stopped from outside."""
+    start = time.monotonic()
+    try:
+        with time_limit(limit + (5 if section.name == "fsdp2" else 0)):
+            run_section(section, ctx, results, state, limit)
+        record.update(status="ok")
+    except (SectionTimeout, TimeoutError) as err:  # its own limit, or a child process's (run_own_session)
+        record.update(status="not_measured", reason=f"ran out of time: {err}")
+    except Exception as err:  # noqa: BLE001 - recorded; the next sections go on
+        record.update(status="failed", error=f"{type(err).__name__}: {err}"[:3000],
+                      traceback=traceback.format_exc()[-4000:])
+    except BaseException as err:  # SIGTERM, Ctrl-C: recorded, then the run stops (main's guard)
+        record.update(status="interrupted", reason=f"{type(err).__name__}: {err}"[:500])
+        raise
+    finally:
+        record["seconds"] = round(time.monotonic() - start, 1)
+    try:
+        ctx.free_memory()
+    except Exception as err:  # noqa: BLE001 - e.g. a CUDA error left by the section: the next may still run
+        ctx.log(f"freeing memory after {section.name} failed: {err}")
+    ctx.log(f"section {section.name}: {record['status']} in {record['seconds']} s")
 
 
 def parse_args(argv=None):
@@ -245,9 +211,11 @@ def parse_args(argv=None):
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available, cpu with "
                         "--tiny)")
     parser.add_argument("--time_budget", type=float, default=None, help="seconds for everything, set-up included "
-                        "(default 465, under 8 minutes; 150 with --tiny); sections that no longer fit are skipped")
-    parser.add_argument("--sections", nargs="+", default=[s.name for s in SECTIONS],
-                        choices=[s.name for s in SECTIONS], help="run only these sections")
+                        "(default: the set-up and the most each selected section may take, at most 465 s, under 8 "
+                        "minutes; 300 s with --tiny); what no longer fits is not measured, and marked so")
+    parser.add_argument("--sections", nargs="+", default=list(NAMES), choices=NAMES, help="run only these sections "
+                        "(and the eager reference, when one of them compares with it), e.g. those a run did not "
+                        "measure or that failed")
     parser.add_argument("--variants", nargs="+", default=None, help="throughput variants (default: all of "
                         "throughput.VARIANTS)")
     parser.add_argument("--carry_dir", default=str(REPO / ".gpu_carry"), help="what scripts/gpu_check/carry.py wrote "
@@ -261,12 +229,23 @@ def parse_args(argv=None):
     return args
 
 
-def git_commit() -> str | None:
+def git_commit(carry_dir: Path) -> tuple[str | None, str]:
+    """(the commit this run's code is, where that was read): this checkout's `git rev-parse HEAD`; where `.git` did
+    not travel (the device), the commit `carry.py` wrote into the carry's manifest; else (None, why)."""
+    from scripts.gpu_check.carry import MANIFEST, checkout_commit
+
+    commit = checkout_commit(REPO)
+    if commit:
+        return commit["git_commit"], "git" + (" (uncommitted changes)" if commit["git_dirty"] else "")
+    manifest = carry_dir / MANIFEST
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+        carried = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, f"no .git here and no {manifest}"
+    if not carried.get("git_commit"):
+        return None, f"no .git here, and {manifest} names no commit"
+    dirty = " (uncommitted changes)" if carried.get("git_dirty") else ""
+    return carried["git_commit"], f"{manifest.relative_to(REPO) if manifest.is_relative_to(REPO) else manifest}{dirty}"
 
 
 def check_input(args) -> None:
@@ -285,12 +264,16 @@ def start(args, results: dict, state: dict):
     """Everything up to the sections, inside the guard: the packages, the device, the encoder; returns the context
     (None when a package is missing: the caller stops)."""
     from scripts.gpu_check.context import versions
-    from scripts.gpu_check.preflight import missing_modules, wheels_status
+    from scripts.gpu_check.preflight import exercise_datasets, missing_modules, wheels_status
 
     missing = missing_modules()
     results["preflight"] = {"status": "failed" if missing else "ok", "missing": missing, "wheels": wheels_status()}
     results["meta"]["versions"] = versions()  # again: what the wheels installed is importable now
     if missing:
+        return None
+    broken = results["preflight"]["broken"] = exercise_datasets(state["workdir"])
+    if broken:
+        results["preflight"]["status"] = "failed"
         return None
     import torch
 
@@ -315,7 +298,6 @@ def start(args, results: dict, state: dict):
     except Exception as err:  # noqa: BLE001 - recorded: nothing else can run without the encoder
         results["sections"]["setup"] = {"status": "failed", "seconds": round(time.monotonic() - setup_start, 1),
                                         "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        args.sections = []
     return ctx
 
 
@@ -336,11 +318,15 @@ def main(argv=None) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    budget = args.time_budget or (150.0 if args.tiny else 465.0)
-    results = {"schema_version": 2, "checks": {}, "throughput": [], "sections": {}, "meta": {
+    sections = selected_sections(args.sections)
+    budget = args.time_budget or default_budget(sections, args.tiny)
+    commit, commit_source = git_commit(Path(args.carry_dir))
+    results = {"schema_version": 3, "checks": {}, "throughput": [], "sections": {}, "meta": {
         "command": "python scripts/gpu_check/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "tiny": args.tiny,
-        "time_budget_s": budget, "git_commit": git_commit(), "versions": versions(), "variants": args.variants}}
+        "time_budget_s": budget, "git_commit": commit, "git_commit_source": commit_source, "versions": versions(),
+        "variants": args.variants, "sections": [s.name for s in sections],
+        "expected_checks": expected_checks(sections)}}
     state = {"output_dir": output_dir, "workdir": workdir, "variants": args.variants,
              "carry_dir": Path(args.carry_dir)}
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)
@@ -350,14 +336,17 @@ def main(argv=None) -> int:
         if ctx is None:
             from scripts.gpu_check.preflight import stop_line
 
-            line = stop_line(results["preflight"]["missing"], str(output_dir / "gpu_check.json"))
+            line = stop_line(results["preflight"]["missing"], str(output_dir / "gpu_check.json"),
+                             results["preflight"].get("broken"), results["meta"]["versions"])
         else:
             run_all(ctx, args, results, state)
             ctx.log(f"done: all checks passed: {results['all_checks_passed']}, failures: {results['failures']}; "
                     f"{output_dir / 'gpu_check.json'}")
     except BaseException as err:  # noqa: BLE001 - recorded in the report, which is written below
-        results["fatal"] = {"error": f"{type(err).__name__}: {err}"[:3000], "traceback": traceback.format_exc()[-4000:]}
-        line = f"gpu_check: stopped: {results['fatal']['error'][:500]}; report: {output_dir / 'gpu_check.json'}"
+        # stopped from outside (SIGTERM, Ctrl-C): out of time, not a failure; any other error: a failure
+        kind = "interrupted" if isinstance(err, (Terminated, KeyboardInterrupt)) else "fatal"
+        results[kind] = {"error": f"{type(err).__name__}: {err}"[:3000], "traceback": traceback.format_exc()[-4000:]}
+        line = f"gpu_check: stopped: {results[kind]['error'][:500]}; report: {output_dir / 'gpu_check.json'}"
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         if not args.work_dir:
@@ -366,7 +355,8 @@ def main(argv=None) -> int:
     if line is None:
         print((output_dir / "gpu_check.md").read_text(encoding="utf-8"), flush=True)
         print(f"gpu_check: exit status {results['exit_status']}: every check passed: {results['all_checks_passed']}, "
-              f"failures: {', '.join(results['failures']) or 'none'}", flush=True)
+              f"failures: {', '.join(results['failures']) or 'none'}; not measured: "
+              f"{len(results['not_measured']) or 'nothing'}", flush=True)
     else:
         print(line, flush=True)
     return results["exit_status"]

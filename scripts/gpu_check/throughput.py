@@ -9,7 +9,9 @@ loop as `scripts.benchmarks.train_variants` builds it (the variants of scripts/b
   st_mnrl          `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` on (s, s) pairs
 
 Precision "bf16" is `bf16=True` in the training arguments (accelerate's autocast; the weights, the EMA target
-and the optimizer state stay fp32). `compiled` rows are `torch_compile=True` (inductor on CUDA; on the CPU the
+and the optimizer state stay fp32). Every row starts with full fp32 matrix products (TF32 off: what the Trainer's
+unset `tf32` leaves an eager run, whatever an earlier row or section switched on; `context.full_fp32`), and records
+the precision it trained with (`fp32_precision`, read through torch's new API only). `compiled` rows are `torch_compile=True` (inductor on CUDA; on the CPU the
 "eager" backend, dynamo's capture alone: the compile check already runs `aot_eager` there, and a CPU row's time
 means nothing worth AOTAutograd's half minute), after `compiled_warmup_steps` untimed steps (MoCoSE "previous"
 compiles twice: its first step has no perturbation). A step is timed from `on_step_begin` to `on_step_end` with a
@@ -25,7 +27,8 @@ the queue of kernels in the middle of the very step it is compared with. `model_
 matrix products only (`sentence_flops`; docs/performance.md, section 3, has the arithmetic).
 
 Rows run in order of what the performance goal needs first (`plan`); a row that would not end before the section's
-deadline is skipped with its reason, and so is a row the deadline cuts off (`status: skipped`, not a failure).
+deadline is not measured, with its reason, and so is a row the deadline cuts off, with the seconds it had run
+(`status: not_measured`, not a failure).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import time
 import torch
 
 from scripts.gpu_check.context import THROUGHPUT_VARIANTS as VARIANTS
-from scripts.gpu_check.context import SectionTimeout
+from scripts.gpu_check.context import SectionTimeout, fp32_precision, full_fp32
 
 PRECISIONS = ("fp32", "bf16")
 # compiled rows, bf16 at the main batch size: MoCoSE first (the goal's row), then the floor, whose compilation finds
@@ -50,7 +53,7 @@ FORWARDS_PER_STEP = {"plain": 3, "simcse": 6, "mocose_previous": 4, "st_mnrl": 6
 def plan(ctx, variants=VARIANTS) -> list[tuple[int, str, str, bool]]:
     """(batch, precision, variant, compiled) in the order they run: the goal's group first (bf16 at the main batch
     size, every variant), then its compiled rows, the large batch, bf16 at the small batch, then fp32. Rows that do
-    not fit are skipped one by one, so a cheap row after a skipped expensive one still runs."""
+    not fit are left unmeasured one by one, so a cheap row after an expensive one that did not fit still runs."""
     small, main = ctx.sizes.batch_sizes
     rows = [(main, "bf16", v, False) for v in variants]
     rows += [(main, "bf16", v, True) for v in COMPILED if v in variants]
@@ -107,6 +110,7 @@ def measure(ctx, variant: str, precision: str, batch_size: int, compiled: bool =
     cfg = ctx.cfg(batch_size, sizes.timed_steps, warmup=warmup, bf16=precision == "bf16")
     sentences, full_length = ctx.sentences((cfg.warmup + cfg.steps) * batch_size)
     ctx.free_memory()
+    full_fp32()
     allocated_before = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else None  # left over: should be ~0
     overrides = {}
     if compiled:
@@ -131,7 +135,8 @@ def measure(ctx, variant: str, precision: str, batch_size: int, compiled: bool =
            "ms_per_step": round(1000 * median, 2), "sentences_per_second": round(batch_size / median, 1),
            "ms_per_step_all": [round(1000 * s, 2) for s in timer.step_s], "full_length_sentences": full_length,
            "model_tflop_per_s": round(batch_size / median * flops / 1e12, 3), "flops_per_sentence": flops,
-           "ema_ms": None, "ema_share": None, "peak_memory_mib": None, "peak_memory_reserved_mib": None}
+           "ema_ms": None, "ema_share": None, "peak_memory_mib": None, "peak_memory_reserved_mib": None,
+           "fp32_precision": fp32_precision()}  # fp32 rows: TF32 or full fp32
     if compiled:
         row["torch_compile_backend"] = overrides["torch_compile_backend"]
     if ema_timer is not None:
@@ -143,7 +148,6 @@ def measure(ctx, variant: str, precision: str, batch_size: int, compiled: bool =
         row["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
         row["peak_memory_reserved_mib"] = round(torch.cuda.max_memory_reserved(ctx.device) / 2**20, 1)
         row["allocated_before_mib"] = round(allocated_before / 2**20, 1)
-        row["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32  # fp32 rows: TF32 or full fp32
     del trainer, timer
     ctx.free_memory()
     return row
@@ -165,9 +169,9 @@ def run_throughput(ctx, until: float, rows: list, on_row=None, variants=VARIANTS
                    compile_s: float | None = None) -> None:
     """Appends one row per planned run to `rows` (calling `on_row()` after each), measured while there is time
     before `until` (a `time.monotonic()` value): a run is started only when its estimate (`estimate_s`, with a
-    20 % margin) still ends in time; the others get a row with `status: skipped` and the reason. A run that
+    20 % margin) still ends in time; the others get a row with `status: not_measured` and the reason. A run that
     fails gets `status: failed` and its error; the next runs go on. When the section's time limit interrupts a run
-    (`SectionTimeout`), that run and every one after it are recorded as skipped."""
+    (`SectionTimeout`), that run (with the seconds it had run) and every one after it are not measured."""
     took: dict[tuple[bool, str], list[float]] = {}
     cut_off = None
     for batch, precision, variant, compiled in plan(ctx, variants):
@@ -177,9 +181,10 @@ def run_throughput(ctx, until: float, rows: list, on_row=None, variants=VARIANTS
         left = until - time.monotonic()
         needed = 1.2 * estimate_s(took, compiled, variant, compile_s, ctx.tiny)
         if cut_off or left <= 0 or needed > left:
-            reason = cut_off or f"{left:.0f} s left of the section, this run is expected to take {needed:.0f} s"
-            rows.append({**base, "status": "skipped", "reason": reason})
-            ctx.log(f"throughput {key}: skipped ({reason})")
+            reason = cut_off or f"ran out of time: {left:.0f} s left of the section, this run is expected to take " \
+                f"{needed:.0f} s"
+            rows.append({**base, "status": "not_measured", "reason": reason, "seconds": 0.0})
+            ctx.log(f"throughput {key}: not measured ({reason})")
             continue
         start = time.monotonic()
         try:
@@ -188,9 +193,9 @@ def run_throughput(ctx, until: float, rows: list, on_row=None, variants=VARIANTS
                     f"EMA {row['ema_ms']} ms, peak {row['peak_memory_mib']} MiB ({row['peak_memory_reserved_mib']} "
                     "reserved)")
         except SectionTimeout:
-            cut_off = f"the section's time ran out {time.monotonic() - start:.0f} s into {key}"
-            row = {**base, "status": "skipped", "reason": cut_off}
-            ctx.log(f"throughput {key}: skipped ({cut_off})")
+            cut_off = f"ran out of time: the section's time ran out {time.monotonic() - start:.0f} s into {key}"
+            row = {**base, "status": "not_measured", "reason": cut_off}
+            ctx.log(f"throughput {key}: not measured ({cut_off})")
             _free_after_failure(ctx)
         except Exception as err:  # noqa: BLE001 - recorded; the other runs go on
             row = {**base, "status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}

