@@ -103,22 +103,21 @@ class ContrastiveBranches:
         (`MoCoSEModel.post_init`). Each front end keeps the order of random draws it has always had, which the
         golden trajectories (tests/test_golden_trajectories.py) hold bit for bit."""
         key_dim, dropout, init = key_dim or config.key_dim, config.head_dropout, config.head_init
-        online_heads = [head_linear(hidden, hidden, init), build_projection(hidden, config.projection_layers, dropout,
-                                                                            init, key_dim)]
+
+        def pooler_and_projection() -> list[nn.Module]:
+            return [head_linear(hidden, hidden, init), build_projection(hidden, config.projection_layers, dropout,
+                                                                        init, key_dim)]
+        online = pooler_and_projection()
         if config.keys_from_target:  # the predictor sits on the online branch of a method with target keys only
-            online_heads.append(build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init))
-        if init_online_heads is not None:
-            for module in online_heads:
-                init_online_heads(module)
+            online.append(build_predictor(key_dim, config.predictor_layers, config.predictor_dim, dropout, init))
+        for module in online if init_online_heads is not None else ():
+            init_online_heads(module)
         # ESimCSE's momentum encoder is an encoder only: it shares the online heads (the authors' code).
         target = make_target_encoder() if config.uses_target else None
-        target_heads = [None, None]
-        if config.keys_from_target:
-            target_heads = ([copy.deepcopy(module) for module in online_heads[:2]] if init_online_heads is not None
-                            else [head_linear(hidden, hidden, init), build_projection(
-                                hidden, config.projection_layers, dropout, init, key_dim)])
+        target_heads = [None, None] if not config.keys_from_target else (
+            pooler_and_projection() if init_online_heads is None else [copy.deepcopy(m) for m in online[:2]])
         queue = KeyQueue(config.queue_size, key_dim, config.queue_init_size) if config.uses_queue else None
-        branches = cls(config, *online_heads, *([None] * (3 - len(online_heads))), target, *target_heads, queue)
+        branches = cls(config, *online, *[None] * (3 - len(online)), target, *target_heads, queue)
         for module in branches.target_modules():
             module.requires_grad_(False)
         return branches
