@@ -19,7 +19,7 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformerModelCardData
 
-from .card_facts import STSB_DEV, TRAINING_LOSS, load_card_facts, public_name, read_json
+from .card_facts import STSB_DEV, TRAINING_LOSS, load_card_facts, public_name, read_json, state_facts
 from .card_hyperparameters import as_record, model_rows, training_rows
 
 STS_TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from sentence_transformers.util.distributed import get_world_size
+from torch import nn
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
 from ..models.ema import EMATargetCallback
