@@ -5,8 +5,8 @@ stops at its first step with an error naming this fix. Event by event:
 
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
-* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip), the data checks, a resumed run's loss
-  state, rank 0's heads, target and queue on every process.
+* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip, `training.preflight`'s), the data checks, a
+  resumed run's loss state, rank 0's heads, target and queue on every process.
 * `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
 * `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
@@ -29,22 +29,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from sentence_transformers.util.distributed import get_world_size
-from torch import Tensor, nn
+from torch import nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
 from ..models.ema import EMATargetCallback
 from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from ..methods.mtd import max_traceable_distance
+from ..training.checkpoints import weights_fingerprint as fingerprint
+from ..training.preflight import check_fills_a_batch, preflight
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
 
 # ----------------------------------------------------------------- the loss state in checkpoints
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
-
-
-def fingerprint(model: nn.Module) -> Tensor:
-    """`(P,)` float64 sums of the model's parameters: ties a saved loss state to the model weights of its checkpoint."""
-    return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
 
 
 def run_folder(args, state) -> Path | None:
@@ -159,6 +156,8 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
                          f"hold several keys of one sentence, an anchor's own earlier key among its negatives. "
                          f"Use queue_size <= {rows}.")
     world = get_world_size()
+    if args is not None:
+        check_fills_a_batch(rows, args.per_device_train_batch_size, world, "The training data")
     if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last:
         per_step = args.per_device_train_batch_size * world
         if rows % per_step:
@@ -224,6 +223,7 @@ class MoCoSELossCallback(EMATargetCallback):
             raise ValueError("Under hyperparameter_search MoCoSELoss finds the trial's folder from its name before a "
                              f"checkpoint is pushed (hub_strategy={strategy!r}): pass hp_name, e.g. "
                              "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
+        preflight(args, state.global_step > 0)  # output_dir writable, no other run's checkpoints (resumed: its own)
         loss.move_to_model_device()
         for part in _parts(dataset):
             check_training_data(loss, part, args)
