@@ -39,6 +39,11 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     for the rest. Fields marked *(model)* are copied into the `MoCoSEConfig` of a freshly built model
     (see `model_config_kwargs`); a MoCoSE checkpoint keeps its own.
 
+    > Parameters that control the output folder
+
+    overwrite_output_dir (`bool`, defaults to `False`): train afresh in an `output_dir` holding another run's
+        `checkpoint-N` folders, deleting them first (transformers 5 has no such field; refused without it).
+
     > Parameters that control how a model id or folder is loaded
 
     model_init_kwargs (`dict` or `None`, defaults to `None`): keyword arguments for `from_pretrained` when
