@@ -27,12 +27,11 @@ from ..models.settings import ARGS_SETTINGS
 from ..publishing.export import is_mocose_checkpoint
 from ..publishing.hub import publish_final_model
 from ..trainer.inputs import build_mocose_model, check_model_source, load_tokenizer
-from ..launch.preflight import check_run
 from ..trainer.mocose_trainer import MoCoSETrainer
 from ..trainer.training_args import MoCoSETrainingArguments
-from ..launch.checkpoints import (LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, remove_temporary_files,
-                                    resolve_resume_checkpoint)
+from ..launch.checkpoints import remove_temporary_files
 from ..launch.precision import AUTO, choose_auto_bf16
+from ..launch.preflight import check_run, preflight
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
 
@@ -111,17 +110,18 @@ def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) 
 
 def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
     """Whether precision is left to `auto` (`bf16: auto` in the recipe, or `--bf16 auto`); takes the `auto` out of
-    both. An explicit `--bf16 true/false` wins over a recipe's `auto`."""
+    both. The user's own `--bf16 true/false`, or `--fp16 true`, wins over a recipe's `auto`."""
     auto = str(recipe.get("bf16")).lower() == AUTO
     if auto:
         del recipe["bf16"]
     for i, arg in enumerate(argv):
-        if arg == "--bf16" or arg.startswith("--bf16="):
-            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
-            if value.lower() != AUTO:
-                return False  # the user's own choice
-            del argv[i : i + (1 if "=" in arg else 2)]
+        name, equals, value = arg.partition("=")
+        value = value if equals else argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else "true"
+        if name == "--bf16" and value.lower() == AUTO:
+            del argv[i : i + (1 if equals else 2)]
             return True
+        if name == "--bf16" or name == "--fp16" and value.lower() in ("yes", "true", "t", "y", "1"):
+            return False  # the user's own choice (what HfArgumentParser reads as true)
     return auto
 
 
@@ -259,7 +259,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
 
 
 def check_run_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
-    """`training.preflight.check_run` at this launch's global batch, before anything is loaded (`MoCoSETrainer` checks
+    """`launch.preflight.check_run` at this launch's global batch, before anything is loaded (`MoCoSETrainer` checks
     again with the model's own settings, which a MoCoSE checkpoint keeps)."""
     if not is_mocose_checkpoint(model_name_or_path):
         check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
@@ -280,14 +280,6 @@ def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     if path is None:
         args.stsb_dev_file, args.eval_strategy, args.load_best_model_at_end = None, "no", False
     return path
-
-
-def check_resume_folder(args: MoCoSETrainingArguments) -> None:
-    """Names an explicit `resume_from_checkpoint` folder that is missing or incomplete before anything is loaded
-    (the trainer checks again before step 1, and resolves `last` alone)."""
-    value = args.resume_from_checkpoint
-    if isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES):
-        resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)
 
 
 def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | None:
@@ -311,10 +303,10 @@ def main(argv: list[str] | None = None) -> str:
     logging.getLogger("hf_mocose").setLevel(logging.INFO)
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
-    check_resume_folder(args)
     check_run_before_loading(args, script_args.model_name_or_path)
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
+    preflight(args, args.resume_from_checkpoint, text_file=script_args.train_file)  # before the model loads
 
     # The same doors as MoCoSETrainer(model="id or folder"): checks, builtin:, model_init_kwargs, tokenizer.
     fraternal = script_args.fraternal_model_name_or_path if script_args.fraternal_column else None
@@ -341,9 +333,12 @@ def main(argv: list[str] | None = None) -> str:
     trainer = MoCoSETrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
     # "last" = the newest complete checkpoint; any checkpoint is checked before the first step (checkpoints.py)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
+    if trainer.finished_at_step is not None:  # the resumed run had ended (the trainer said so): nothing to save
+        trainer.accelerator.end_training()
+        return final_dir
     trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
-    final_dir = script_args.final_model_dir or os.path.join(args.output_dir, "final")
     if trainer.is_world_process_zero():
         remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
     # The card names a train_file by its file name (publishing.card_facts.public_name), never its folder.

@@ -85,6 +85,22 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     return dataset
 
 
+def check_utf8(train_file: str | None) -> None:
+    """Refuses a text `train_file` with bytes that are not UTF-8, naming the line (`datasets` fails on them mid-read,
+    streamed mid-training, naming neither). Reads it once, line by line; no other `train_file` is looked at."""
+    path = Path(train_file or "")
+    if not path.is_file() or _EXTENSION_BUILDERS.get(path.suffix.lower()) in (None, "parquet"):
+        return
+    with path.open("rb") as handle:
+        for line, raw in enumerate(handle, 1):  # b"\n" never occurs inside a UTF-8 character
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"train_file {train_file!r} is not UTF-8 text: line {line} holds the byte(s) "
+                                 f"{raw[err.start:err.end].hex(' ')} ({err.reason}). Save the file as UTF-8 (e.g. "
+                                 "iconv -f latin1 -t utf-8), or fix or remove that line.") from None
+
+
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:
     """`dataset` without blank `text` rows (a stream is filtered as it goes); a `ValueError` if none is left."""
     if isinstance(dataset, Dataset) and len(dataset) == 0:

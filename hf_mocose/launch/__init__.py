@@ -4,7 +4,8 @@
   and DeepSpeed with bf16/fp16 refused), FSDP2's set-up, and the notices hf-mocose's own settings set off.
 - `precision`: the target's forward under the online forward's autocast (`MoCoSELoss`), and `bf16: auto`.
 - `checkpoints`: which checkpoint a run resumes from, and whether a folder is whole and fits the model.
-- `preflight`: what the launch's batch or the data rules out, checked before the first step by every front end.
+- `preflight`: what is refused before the first step by every front end: what the launch's batch or the data
+  rules out, an unwritable or foreign `output_dir`, a training file that is not UTF-8.
 
 May import: `hf_mocose.models`, `augmentation`, `data`. Never the front ends, publishing, evaluation or the CLI.
 """

@@ -292,6 +292,12 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
+def weights_fingerprint(model):
+    """`(P,)` float64 sums of the model's parameters: ties a saved state, or scores, to the weights they came from."""
+    import torch
+    return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
+
+
 def _model_fields(config) -> dict:
     """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
     from ..models.configuration import MODEL_CONFIG_FIELDS
@@ -301,8 +307,8 @@ def _model_fields(config) -> dict:
 
 
 def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
-    """Refuses a checkpoint whose weights do not fit `model`, naming the config fields that differ; returns the
-    `MODEL_CONFIG_FIELDS` that differ without changing a shape, `{field: (checkpoint, model)}`, to warn about."""
+    """Refuses a checkpoint of another model (weights that do not fit `model`, another encoder type or method),
+    naming what differs; returns the other `MODEL_CONFIG_FIELDS` that differ, `{field: (checkpoint, model)}`."""
     from ..models.configuration import MODEL_CONFIG_FIELDS
     checkpoint = Path(checkpoint)
     # Read back through the config class, so that defaults left out of config.json compare equal.
@@ -315,10 +321,13 @@ def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, t
     mismatched = [] if shapes is None else [f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
                                             for name in sorted(set(shapes) | set(model_shapes))
                                             if shapes.get(name) != model_shapes.get(name)]
-    if not mismatched:
+    # Another encoder type or method of the same shapes would load, and its optimizer state land on other parameters.
+    kinds = {k: v for k, v in differing.items() if k in ("method", "encoder_config.model_type")}
+    if not mismatched and not kinds:
         return {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}
-    fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run" for k, (a, b) in differing.items())
-    raise ValueError(f"Cannot resume from {checkpoint}: its weights do not fit this run's model "
-                     f"({fields or 'no model field differs'}; tensor shapes, checkpoint vs this run: "
-                     f"{', '.join(mismatched[:3])}{', ...' if len(mismatched) > 3 else ''}). Resume with the "
-                     "checkpoint's settings, or start a new run in another output_dir.")
+    fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run"
+                       for k, (a, b) in (kinds or differing).items()) or "no model field differs"
+    shapes = ", ".join(mismatched[:3]) + (", ..." if len(mismatched) > 3 else "") or "equal"
+    raise ValueError(f"Cannot resume from {checkpoint}: it was saved by another model than this run's ({fields}; "
+                     f"tensor shapes, checkpoint vs this run: {shapes}). Resume with the checkpoint's model and "
+                     "settings, or start a new run in another output_dir.")

@@ -1,18 +1,72 @@
-"""What a run's launch or data rules out, checked once for every front end before the first step.
+"""What a run is refused before its first step because of its launch, its folder or its data, for every front end.
 
-`models.settings.validate_settings` refuses impossible values of the method settings alone; `check_run` refuses
-settings that cannot work with this launch's batch (all processes) or this many training rows. `MoCoSETrainer`
-calls it when it is built, `MoCoSELoss`'s callback when training begins, `scripts/train.py` before anything is
-loaded; all three refuse in the same words.
+`models.settings.validate_settings` refuses impossible values of the method settings alone. Here:
+
+* `check_run`: settings that cannot work with this launch's batch (all processes) or this many training rows;
+* `preflight`: the run's folder and data. A training file must be UTF-8, a checkpoint named to resume whole.
+  `output_dir` must be writable (else the training is lost at its first save) and hold no other run's `checkpoint-N`
+  (`last` would resume the newest, `save_total_limit` delete the others) unless this run continues them or
+  `overwrite_output_dir` deletes them first. Data short of one batch is named.
+
+`scripts/train.py` runs both before the model loads; `MoCoSETrainer` (`check_run` when built, `preflight` when `train`
+starts) and `MoCoSELoss`'s callback (when training begins) run them too, so all refuse in the same words.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
-from ..models.mtd import check_target_reachable
+from ..data.corpus import check_utf8
 from ..models.ema import ema_decay_range
+from ..models.mtd import check_target_reachable
+from .checkpoints import LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, list_checkpoints, resolve_resume_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+def check_fills_a_batch(rows: int | None, batch_size: int, processes: int, what: str = "train_dataset") -> None:
+    """Says in one line when the training data has fewer rows than one global batch: every step trains on those."""
+    if rows is not None and rows < batch_size * processes:
+        logger.warning("%s has %d sentence(s), fewer than one batch of %d (per_device_train_batch_size %d x %d "
+                       "process(es)): every step trains on those %d. Give at least %d sentences for the batch asked "
+                       "for, or a smaller --per_device_train_batch_size.", what, rows, batch_size * processes,
+                       batch_size, processes, rows, batch_size * processes)
+
+
+def preflight(args, resume_from_checkpoint, rows: int | None = None, text_file: str | None = None) -> None:
+    """The module's checks for `args` (`TrainingArguments`), the resume asked for, `rows` sentences (None: not
+    counted) and a `text_file` of them (UTF-8: `check_utf8`). A front end without `overwrite_output_dir`
+    (`MoCoSELoss`) is pointed to a fresh folder only."""
+    check_utf8(text_file)
+    output_dir, value, overwrite = args.output_dir, resume_from_checkpoint, getattr(args, "overwrite_output_dir", None)
+    named = isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES)
+    if named:
+        resolve_resume_checkpoint(value, output_dir, model_only=args.save_only_model)
+    folder = next(p for p in (Path(output_dir).absolute(), *Path(output_dir).absolute().parents) if p.exists())
+    try:  # a probe file, deleted as it closes; in the nearest existing parent while output_dir is yet to be made
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".hf-mocose-write-probe-").close()
+    except OSError as err:
+        raise ValueError(f"output_dir {output_dir!r} cannot be written ({err.strerror or type(err).__name__}: "
+                         f"{folder}), so the training would be lost at its first save: give a writable "
+                         "--output_dir.") from None
+    found = list_checkpoints(output_dir)
+    continues = value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES or (
+        named and Path(value).resolve().parent == Path(output_dir).resolve())
+    names = ", ".join(checkpoint.name for checkpoint in found)
+    if found and not continues and not overwrite:
+        afresh = "start afresh there with --overwrite_output_dir true (deletes them first), " * (overwrite is False)
+        raise ValueError(f"output_dir {output_dir!r} holds another run's checkpoints ({names}): continue that run "
+                         f"with --resume_from_checkpoint last, {afresh}or give a fresh --output_dir.")
+    if found and not continues and args.should_save:
+        logger.warning("overwrite_output_dir: deleting an earlier run's checkpoints in %s (%s).", output_dir, names)
+        for checkpoint in found:
+            shutil.rmtree(checkpoint)
+    check_fills_a_batch(rows, args.per_device_train_batch_size, args.world_size)
 
 
 def check_run(settings: Mapping, keys_per_batch: int | None = None, accumulation_steps: int = 1,

@@ -43,7 +43,7 @@ OPTIONAL_TRAINING_FIELDS = ("ema_decay_horizon", "queue_slice", "target_mtd", "t
                             "feature_cutoff", "hard_negatives", "word_repetition_rate")
 # Where and how a run logged, not how it trained (sentence-transformers' card leaves them out too), and secrets.
 NOT_HYPERPARAMETERS = {
-    "output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",
+    "output_dir", "overwrite_output_dir", "logging_dir", "logging_strategy", "logging_first_step", "logging_steps", "eval_strategy",
     "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit", "report_to", "do_train", "do_eval",
     "do_predict", "run_name", "hub_model_id", "hub_token", "push_to_hub", "resume_from_checkpoint", "disable_tqdm",
     "trackio_space_id", "project"}

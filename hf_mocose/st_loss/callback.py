@@ -5,8 +5,8 @@ stops at its first step with an error naming this fix. Event by event:
 
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
-* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip), the data checks, a resumed run's loss
-  state, rank 0's heads, target and queue on every process.
+* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip, `launch.preflight`'s), the data checks, a
+  resumed run's loss state, rank 0's heads, target and queue on every process.
 * `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
 * `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
@@ -28,6 +28,7 @@ from sentence_transformers.util.distributed import get_world_size
 from torch import nn
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
+from ..launch.preflight import preflight
 from ..models.ema import EMATargetCallback
 from .checkpoints import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state, load_loss_state,
                           locate_checkpoint, run_folder, save_loss_state)
@@ -98,6 +99,7 @@ class MoCoSELossCallback(EMATargetCallback):
             raise ValueError("Under hyperparameter_search MoCoSELoss finds the trial's folder from its name before a "
                              f"checkpoint is pushed (hub_strategy={strategy!r}): pass hp_name, e.g. "
                              "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
+        preflight(args, state.global_step > 0)  # output_dir writable, no other run's checkpoints (resumed: its own)
         loss.move_to_model_device()
         for part in dataset_parts(dataset):
             check_training_data(loss, part, args)

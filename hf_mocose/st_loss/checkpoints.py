@@ -11,18 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..launch.checkpoints import weights_fingerprint as fingerprint
 from ..models.objective import FGSM_STATE_FILE
 
 LOSS_STATE_DIR = "mocose_loss"
 STATE_FILE = "state.pt"
-
-
-def fingerprint(model: nn.Module) -> Tensor:
-    """`(P,)` float64 sums of the model's parameters: ties a saved loss state to the model weights of its checkpoint."""
-    return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
 
 
 def run_folder(args, state) -> Path | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sentence_transformers.util.distributed import get_world_size
 from torch import nn
 
-from ..launch.preflight import check_run
+from ..launch.preflight import check_fills_a_batch, check_run
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
 
@@ -43,6 +43,8 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
                          f"training data has {len(columns)}: {columns}. Keep them with dataset.select_columns([...]).")
     rows = len(dataset) if hasattr(dataset, "__len__") else None
     world = get_world_size()
+    if args is not None:
+        check_fills_a_batch(rows, args.per_device_train_batch_size, world, "The training data")
     batch = None if args is None else args.per_device_train_batch_size * world
     check_run(loss.settings, batch, getattr(args, "gradient_accumulation_steps", 1), rows,
               batch_source=f"per_device_train_batch_size={getattr(args, 'per_device_train_batch_size', '?')} x {world} "

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import PreTrainedModel, Trainer, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, has_length
 
 from ..data.corpus import ContrastiveCollator
 from ..augmentation.views import EmbeddingAugmentation, repeat_words
@@ -32,8 +33,8 @@ from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
-from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume
-from ..launch.preflight import check_run
+from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume, resumed_step
+from ..launch.preflight import check_run, preflight
 from ..launch.sharding import configure_sharding
 from .inputs import prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
@@ -120,7 +121,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one
-        self.ema_callback = None
+        self.ema_callback, self.finished_at_step = None, None
         if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
             self.add_callback(self.ema_callback)
@@ -138,7 +139,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return UNAAugmenter(statistics, alpha=args.una_alpha, window=args.una_window_value, seed=args.seed)
 
     def _check_queue_settings(self, config) -> None:
-        """Settings that depend on the world size, checked before any step (`training.preflight`)."""
+        """Settings that depend on the world size, checked before any step (`launch.preflight`)."""
         args = self.args
         check_run({**vars(args), **{name: getattr(config, name) for name in MODEL_CONFIG_FIELDS}},
                   self.keys_per_enqueue, args.gradient_accumulation_steps, target_mtd=args.target_mtd,
@@ -225,9 +226,23 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         complete_sharded_save(self, output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, `resume_from_checkpoint` checked first (`prepare_resume`: "last" = newest complete)."""
+        """`Trainer.train` after `launch.preflight` and `prepare_resume` ("last" = newest complete). A checkpoint
+        at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`."""
+        rows = len(self.train_dataset) if has_length(self.train_dataset) else None
+        preflight(self.args, resume_from_checkpoint, rows)
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
-        return super().train(resume, *args, **kwargs)
+        max_steps = self.args.max_steps if resume is None or self.args.max_steps > 0 else \
+            self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+        step = resumed_step(resume)
+        self.finished_at_step = step if resume and 0 < max_steps <= step else None
+        if self.finished_at_step is None:
+            return super().train(resume, *args, **kwargs)
+        self.state = TrainerState.load_from_json(os.path.join(resume, TRAINER_STATE_NAME))
+        best = self.state.best_model_checkpoint if self.args.load_best_model_at_end else None
+        self._load_from_checkpoint(best if best and os.path.isdir(best) else resume)
+        logger.warning("This run finished at step %d (%s, max_steps %d): nothing trained, the model loaded as it "
+                       "ended. Raise --max_steps to train further.", step, resume, max_steps)
+        return TrainOutput(step, float("nan"), {})
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """`Trainer._save`, plus `card_facts.json`, the run's facts a model card is written from later, offline."""

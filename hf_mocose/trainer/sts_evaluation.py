@@ -20,6 +20,7 @@ from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, denumpify
 
 from ..data.sts_files import read_sts_benchmark
 from ..models.encoding import encode_with_model, resolve_max_length
+from ..launch.checkpoints import weights_fingerprint
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`
@@ -98,6 +99,17 @@ class STSEvaluationMixin:
         for dataset in datasets:
             if dataset is not None:
                 check_sts_dataset(dataset)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """`Trainer.evaluate`; after training, the scores of the same weights, STS pairs and length (the last step's,
+        the best one's) are returned again, not recomputed nor logged twice (FSDP: not fingerprinted, recomputed)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        key = None if self.is_fsdp_enabled else (metric_key_prefix, id(dataset), self.args.eval_max_seq_length, bytes(
+            weights_fingerprint(self.accelerator.unwrap_model(self.model)).numpy()))
+        scored = self.__dict__.setdefault("_scores_by_weights", {})
+        if key is None or key not in scored or self.is_in_train:
+            scored[key] = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        return dict(scored[key])
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
         """The STS pairs as they are (no tokenisation, no column removal): `evaluation_loop` reads `.dataset`."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
 
+import torch
 from transformers import TrainingArguments
+from transformers.utils import is_torch_xla_available
 
 from ..augmentation.views import AUGMENTATION_VIEWS
 from ..models.configuration import MODEL_CONFIG_FIELDS
@@ -36,6 +38,11 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     Only the parameters specific to MoCoSE are listed here; see [`~transformers.TrainingArguments`]
     for the rest. Fields marked *(model)* are copied into the `MoCoSEConfig` of a freshly built model
     (see `model_config_kwargs`); a MoCoSE checkpoint keeps its own.
+
+    > Parameters that control the output folder
+
+    overwrite_output_dir (`bool`, defaults to `False`): train afresh in an `output_dir` holding another run's
+        `checkpoint-N` folders, deleting them first (transformers 5 has no such field; refused without it).
 
     > Parameters that control how a model id or folder is loaded
 
@@ -98,6 +105,9 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         "help": "Every trainable parameter is used each step; False avoids DDP's unused-parameter scan."})
     ddp_broadcast_buffers: bool | None = field(default=False, metadata={
         "help": "False: do not broadcast the queue and buffers at every forward (they stay equal anyway)."})
+    overwrite_output_dir: bool = field(default=False, metadata={  # transformers 4's field; 5 has none
+        "help": "Train afresh in an output_dir that holds another run's checkpoint-N folders, deleting them first; "
+                "without it such a folder is refused unless resume_from_checkpoint continues that run."})
 
     # --- Model loading (MoCoSETrainer(model="id or folder")) ---
     model_init_kwargs: dict | str | None = field(default=None, metadata={
@@ -155,6 +165,8 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             )
         if self.pad_to_max_length is None:
             self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
+        if (self.bf16 or self.bf16_full_eval) and not (torch.accelerator.is_available() or is_torch_xla_available()):
+            self.use_cpu = True  # training runs on the CPU anyway; transformers allows CPU bf16 only with use_cpu
         super().__post_init__()
 
     def _validate_sizes(self) -> None:
