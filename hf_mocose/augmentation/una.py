@@ -119,10 +119,9 @@ class UNAStatistics:
         idf = np.log(n_docs / df)
         entry_rows = np.repeat(np.arange(n_docs), np.diff(counts.indptr))
         scores = np.log1p(counts.data / lengths[entry_rows]) * idf[counts.indices]
-        # Per-word maximum: group the entries by column (every word has df >= 1, so no empty group).
-        by_word = np.argsort(counts.indices, kind="stable")
-        starts = np.concatenate(([0], np.cumsum(df)[:-1]))
-        max_score = np.maximum.reduceat(scores[by_word], starts)
+        # Per-word maximum: every score is >= 0, so a column's implicit zeros never win.
+        tfidf = sp.csr_matrix((scores, counts.indices, counts.indptr), shape=counts.shape)
+        max_score = tfidf.max(axis=0).toarray().ravel()
         return cls(list(word_to_id), idf, max_score, n_docs, fingerprint)
 
     @classmethod

@@ -25,10 +25,8 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, multi_pooler: bool =
     pooler_help = ("sentence pooling: cls | cls_dense (last-layer [CLS] through the checkpoint's pooler dense Linear, "
                    "no tanh) | mean. Plain HF encoders default to cls; MoCoSE checkpoints default to their own "
                    "sentence_pooling; a sentence-transformers folder given --pooler is read as a plain HF encoder")
-    if multi_pooler:
-        parser.add_argument("--pooler", nargs="+", choices=SENTENCE_POOLING_MODES, help=pooler_help + " (one per model, or one for all)")
-    else:
-        parser.add_argument("--pooler", choices=SENTENCE_POOLING_MODES, help=pooler_help)
+    parser.add_argument("--pooler", nargs="+" if multi_pooler else None, choices=SENTENCE_POOLING_MODES,
+                        help=pooler_help + (" (one per model, or one for all)" if multi_pooler else ""))
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
     parser.add_argument("--max_length", type=int, default=None, help="truncation length in tokens (default: the "
                         "encoder's own limit, i.e. whole sentences; a MoCoSE checkpoint is not cut at its training "
@@ -115,9 +113,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         return INTERRUPTED_EXIT_CODE
     label = args.label or Path(args.model).name
     start = time.perf_counter()
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731 - keep stdout for the table
     results = run_tasks(encoder, args.senteval_dir, tasks, args.aggregation, args.seed, args.kfold, args.inner_folds,
-                        log=log)
+                        log=lambda line: print(line, file=sys.stderr))  # stdout is for the table
     total = time.perf_counter() - start
     print(markdown_table(results, label))
     if "avg" in results and len(results["avg_over"]) < 7:

@@ -60,11 +60,9 @@ def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) 
         elif name in ALL_TASKS:
             names.append(name)
         else:
-            valid = ", ".join((*ALL_TASKS, *TASK_GROUPS))
-            raise ValueError(f"unknown task {name!r}; valid task names: {valid}")
-    names = list(dict.fromkeys(names))  # dedupe, keep order
+            raise ValueError(f"unknown task {name!r}; valid task names: {', '.join((*ALL_TASKS, *TASK_GROUPS))}")
     run, skipped = [], {}
-    for name in names:
+    for name in dict.fromkeys(names):  # dedupe, keep order
         if not (missing := missing_files(root, name)):
             run.append(name)
         elif requested and name in requested:  # named on its own, not through a group
@@ -76,10 +74,6 @@ def resolve_tasks(senteval_dir: str | Path, requested: list[str] | None = None) 
         raise FileNotFoundError(f"no task has its files under {root} (skipped: {', '.join(skipped)}); {LAYOUT_HELP}; "
                                 f"{TRANSFER_LAYOUT_HELP}")
     return run, skipped
-
-
-def _mean(values: list[float]) -> float:
-    return float(sum(values) / len(values)) if values else float("nan")
 
 
 def run_tasks(encoder, senteval_dir: str | Path, tasks: list[str], aggregation: str = "all", seed: int = DEFAULT_SEED,
@@ -104,25 +98,16 @@ def run_tasks(encoder, senteval_dir: str | Path, tasks: list[str], aggregation: 
         seconds[task] = round(time.perf_counter() - start, 2)
         if log:
             log(f"{DISPLAY_NAMES[task]:>12}: {summary}  (n={results[task]['n']}, {seconds[task]:.1f}s)")
-    if sts_ran := [t for t in STS_TEST_TASKS if t in results]:
-        results["avg"] = _mean([results[t]["spearman"] for t in sts_ran])
-        results["avg_over"] = sts_ran
-    if transfer_ran := [t for t in TRANSFER_TASKS if t in results]:
-        results["transfer_avg"] = _mean([results[t]["accuracy"] for t in transfer_ran])
-        results["transfer_avg_over"] = transfer_ran
+    for key, group, metric in (("avg", STS_TEST_TASKS, "spearman"), ("transfer_avg", TRANSFER_TASKS, "accuracy")):
+        if ran := [t for t in group if t in results]:
+            results[key] = float(sum(results[t][metric] for t in ran) / len(ran))
+            results[f"{key}_over"] = ran
     results["seconds"] = seconds
     return results
 
 
 def _cell(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
-
-
-def _avg_cell(results: dict, key: str, over_key: str, total: int) -> str:
-    if key not in results:
-        return "–"
-    ran = len(results[over_key])
-    return _cell(results[key]) + ("" if ran == total else f" ({ran}/{total})")
 
 
 def markdown_table(results: dict, label: str = "model") -> str:
@@ -132,27 +117,28 @@ def markdown_table(results: dict, label: str = "model") -> str:
 
 def markdown_tables(rows: dict[str, dict]) -> str:
     """Markdown tables, one row per model (``{label: results}``), in the papers' column order:
-    STS test sets (Spearman x100), other STS sets that ran, and transfer accuracies if any ran."""
-
-    def table(header: list[str], body: list[list[str]]) -> list[str]:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return out + ["| " + " | ".join(cells) + " |" for cells in body]
-
-    body = []
-    for label, results in rows.items():
-        cells = [label, *(_cell(results.get(t, {}).get("spearman")) for t in STS_TEST_TASKS)]
-        body.append(cells + [_avg_cell(results, "avg", "avg_over", len(STS_TEST_TASKS))])
-    lines = table(["Model", *(DISPLAY_NAMES[t] for t in STS_TEST_TASKS), "Avg."], body)
-    if extras := [t for t in STS_TASKS if t not in STS_TEST_TASKS and any(t in r for r in rows.values())]:
-        body = [[label, *(_cell(r.get(t, {}).get("spearman")) for t in extras)] for label, r in rows.items()]
-        lines += [""] + table(["Model", *(DISPLAY_NAMES[t] for t in extras)], body)
-    if any(t in r for r in rows.values() for t in TRANSFER_TASKS):
-        body = []
+    STS test sets (Spearman x100), other STS sets that ran, and transfer accuracies if any ran. An average over
+    fewer tasks than its table's says how many, e.g. ``81.20 (5/7)``."""
+    ran = {t for results in rows.values() for t in results}
+    extras = tuple(t for t in STS_TASKS if t not in STS_TEST_TASKS and t in ran)
+    transfer = TRANSFER_TASKS if ran.intersection(TRANSFER_TASKS) else ()
+    tables = []
+    for tasks, metric, average in ((STS_TEST_TASKS, "spearman", "avg"), (extras, "spearman", None),
+                                   (transfer, "accuracy", "transfer_avg")):
+        if not tasks:
+            continue
+        header = ["Model", *(DISPLAY_NAMES[t] for t in tasks), *(["Avg."] if average else [])]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for label, results in rows.items():
-            cells = [label, *(_cell(results.get(t, {}).get("accuracy")) for t in TRANSFER_TASKS)]
-            body.append(cells + [_avg_cell(results, "transfer_avg", "transfer_avg_over", len(TRANSFER_TASKS))])
-        lines += [""] + table(["Model", *(DISPLAY_NAMES[t] for t in TRANSFER_TASKS), "Avg."], body)
-    return "\n".join(lines)
+            cells = [label, *(_cell(results.get(t, {}).get(metric)) for t in tasks)]
+            if average in results:
+                over = len(results[f"{average}_over"])
+                cells.append(_cell(results[average]) + ("" if over == len(tasks) else f" ({over}/{len(tasks)})"))
+            elif average:
+                cells.append("–")
+            lines.append("| " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 @dataclass

@@ -75,11 +75,8 @@ def _as_tensor(x) -> torch.Tensor:
 def _encode_once(encode: Callable[[list[str]], torch.Tensor],
                  pairs: list[StsPairs]) -> tuple[dict[str, int], torch.Tensor]:
     """Every distinct sentence of `pairs` encoded once, in one pass: ``({sentence: row}, (n, dim) embeddings)``."""
-    unique: dict[str, int] = {}
-    for each in pairs:
-        for sentence in (*each.sentences1, *each.sentences2):
-            unique.setdefault(sentence, len(unique))
-    return unique, _as_tensor(encode(list(unique)))
+    sentences = dict.fromkeys(s for each in pairs for s in (*each.sentences1, *each.sentences2))
+    return {sentence: row for row, sentence in enumerate(sentences)}, _as_tensor(encode(list(sentences)))
 
 
 def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
@@ -88,7 +85,7 @@ def cosine_scores(embeddings1, embeddings2) -> np.ndarray:
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"embeddings must both be (n, dim); got {tuple(a.shape)} and {tuple(b.shape)}")
     # float64: float32 rounding noise would otherwise rank-order identical pairs at random.
-    return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1, eps=1e-12).numpy()
+    return F.cosine_similarity(a.double(), b.double(), dim=1, eps=1e-12).numpy()
 
 
 def sts_correlation(embeddings1, embeddings2, gold) -> dict:
@@ -99,9 +96,7 @@ def sts_correlation(embeddings1, embeddings2, gold) -> dict:
 def aggregate_sets(per_set: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     """Both STS12-16 aggregations from ``{set: (cosine scores, gold)}``: ``all``, one correlation over the
     concatenated sets (SimCSE/MoCoSE, our default); ``wmean``, set correlations weighted by set size (SentEval's)."""
-    predicted = np.concatenate([p for p, _ in per_set.values()])
-    gold = np.concatenate([g for _, g in per_set.values()])
-    concat = score_correlation(predicted, gold)
+    concat = score_correlation(*map(np.concatenate, zip(*per_set.values())))  # (all predictions, all gold)
     sets = {name: score_correlation(p, g) for name, (p, g) in per_set.items()}
     weights = np.array([s["n"] for s in sets.values()], dtype=np.float64)
     wmean = {key: float(np.average([s[key] for s in sets.values()], weights=weights))

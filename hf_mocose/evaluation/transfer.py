@@ -132,25 +132,20 @@ def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int 
     """C picked on dev accuracy, accuracy x100 on test (SST-2)."""
     from sklearn.linear_model import LogisticRegression
     X_train, X_dev, X_test = (np.asarray(a, dtype=np.float64) for a in (X_train, X_dev, X_test))
-    best = None
+    fits = []
     for C in SENTEVAL_CS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             clf = LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train)
-        dev_acc = float((clf.predict(X_dev) == np.asarray(y_dev)).mean())
-        if best is None or dev_acc > best[0]:  # ties keep the smaller C (stronger regularisation)
-            best = (dev_acc, C, clf)
-    dev_acc, C, clf = best
+        fits.append((float((clf.predict(X_dev) == np.asarray(y_dev)).mean()), C, clf))
+    dev_acc, C, clf = max(fits, key=lambda fit: fit[0])  # the first best: ties keep the smaller C (stronger L2)
     return {"accuracy": 100 * float((clf.predict(X_test) == np.asarray(y_test)).mean()), "dev_accuracy": 100 * dev_acc,
             "n": int(len(y_test)), "C": float(C), "protocol": "train/dev/test, C on dev"}
 
 
 def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> list[np.ndarray]:
     """Encodes all groups in one length-sorted pass over their distinct sentences; one `(n_i, d)` array per group."""
-    unique: dict[str, int] = {}
-    for group in groups:
-        for sentence in group:
-            unique.setdefault(sentence, len(unique))
+    unique = {sentence: row for row, sentence in enumerate(dict.fromkeys(s for group in groups for s in group))}
     emb = encode(list(unique))
     emb = (emb.detach().cpu().numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb)).astype(np.float64)
     return [emb[[unique[s] for s in group]] for group in groups]
@@ -160,9 +155,8 @@ def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval
                            seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Runs one transfer task; returns ``{"accuracy": x100, "n": test examples, "protocol": ..., ...}``."""
     paths = transfer_task_files(senteval_dir, task)
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"missing SentEval file {path}; {TRANSFER_LAYOUT_HELP}")
+    if missing := [path for path in paths if not path.is_file()]:
+        raise FileNotFoundError(f"missing SentEval file {missing[0]}; {TRANSFER_LAYOUT_HELP}")
     if task in ("mr", "cr", "subj", "mpqa"):
         sentences, y = load_binary(*paths)
         (X,) = _embed(encode, sentences)
@@ -175,13 +169,11 @@ def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval
         (s_tr, y_tr), (s_te, y_te) = (load_trec(p) for p in paths)
         X_tr, X_te = _embed(encode, s_tr, s_te)
         result = train_test_accuracy(X_tr, y_tr, X_te, y_te, seed, inner_folds)
-        result.pop("predicted")
-        return result
+        return {key: value for key, value in result.items() if key != "predicted"}
     # mrpc
     (a_tr, b_tr, y_tr), (a_te, b_te, y_te) = (load_mrpc(p) for p in paths)
     A_tr, B_tr, A_te, B_te = _embed(encode, a_tr, b_tr, a_te, b_te)
-    F_tr = np.c_[np.abs(A_tr - B_tr), A_tr * B_tr]
-    F_te = np.c_[np.abs(A_te - B_te), A_te * B_te]
+    F_tr, F_te = (np.c_[np.abs(a - b), a * b] for a, b in ((A_tr, B_tr), (A_te, B_te)))
     result = train_test_accuracy(F_tr, y_tr, F_te, y_te, seed, inner_folds)
     from sklearn.metrics import f1_score
     result["f1"] = 100 * float(f1_score(y_te, result.pop("predicted")))

@@ -111,20 +111,18 @@ def encode_with_model(model, tokenizer, sentences: list[str], batch_size: int = 
     max_length = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config, max_length)
     device = next(model.parameters()).device
     order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))  # longest first, as sentence-transformers
-    out: list[torch.Tensor] = [None] * len(sentences)  # type: ignore[list-item]
+    batches = []
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            batch = tokenizer([sentences[i] for i in idx], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt").to(device)
+            batch = tokenizer([sentences[i] for i in order[start : start + batch_size]], padding=True, truncation=True,
+                              max_length=max_length, return_tensors="pt").to(device)
             embeddings = model.embed(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-            for row, i in zip(embeddings.float().cpu(), idx):
-                out[i] = row
+            batches.append(embeddings.float().cpu())
     finally:
         model.train(was_training)
-    return torch.stack(out)
+    return torch.cat(batches)[torch.tensor(order).argsort()]  # back in the order given
 
 
 __all__ = ["base_model_of", "check_length_fits_encoder", "encode_with_model", "inference_max_seq_length",

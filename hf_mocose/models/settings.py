@@ -176,8 +176,7 @@ def take_settings(given: dict[str, Any], settings: tuple[Setting, ...]) -> dict[
     if values.get("word_repetition_rate", 0) is None:
         values["word_repetition_rate"] = ESIMCSE_REPETITION_RATE if _get(values, "method") == "esimcse" else 0.0
     if "queue_init_size" in values:
-        values["queue_init_size"] = resolve_queue_init_size(values["queue_init_size"],
-                                                            values.get("queue_size", SETTINGS["queue_size"].default))
+        values["queue_init_size"] = resolve_queue_init_size(values["queue_init_size"], _get(values, "queue_size"))
     validate_settings(values)
     return values
 
@@ -202,9 +201,7 @@ def validate_settings(values: dict[str, Any]) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size (K) must be >= 1, got {queue_size!r}.")
         if not 0 <= init_size <= queue_size:
-            raise ValueError(
-                f"queue_init_size (K_s) must be between 0 and queue_size={queue_size}, got {init_size!r}."
-            )
+            raise ValueError(f"queue_init_size (K_s) must be between 0 and queue_size={queue_size}, got {init_size!r}.")
     if method == "simcse" and not _get(values, "in_batch_negatives"):
         raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
     rate = values.get("word_repetition_rate")

@@ -28,9 +28,8 @@ STS_EVALUATOR_NAME = "stsb"  # metrics are `{prefix}_stsb_spearman` / `{prefix}_
 
 def stsb_dev_dataset(path: str | os.PathLike) -> Dataset:
     """STS-B dev pairs (`sentence1`, `sentence2`, `score`) as a `Dataset`, read from SentEval's `sts-dev.csv`."""
-    pairs = read_sts_benchmark(path)
-    return Dataset.from_dict({"sentence1": list(pairs.sentences1), "sentence2": list(pairs.sentences2),
-                              "score": [float(s) for s in pairs.scores]})
+    pairs = read_sts_benchmark(path)  # scores already floats
+    return Dataset.from_dict({"sentence1": pairs.sentences1, "sentence2": pairs.sentences2, "score": pairs.scores})
 
 
 def check_sts_dataset(dataset) -> None:
