@@ -189,16 +189,24 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
 def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
                                     overwrite: bool = False, *, max_seq_length: int | None = None,
                                     eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
-                                    verify: bool = True, **card_kwargs) -> Path:
+                                    verify: bool = True, onnx: bool = False, openvino: bool = False,
+                                    onnx_arch: str | None = None, stsb_dev_file: str | os.PathLike | None = None,
+                                    **card_kwargs) -> Path:
     """Writes a sentence-transformers model folder of the online branch of `checkpoint` (a MoCoSE checkpoint folder:
     config.json + model.safetensors + tokenizer) to `output_dir` (absent or empty unless `overwrite`, which replaces
     it whole); returns the folder. It truncates its inputs at `max_seq_length` tokens (default: the base model's
     sentence-transformers `max_seq_length`, else the encoder's position limit: `hf_mocose.models.encoding`).
     `write_card`: README.md from the `model_cards/` template (`write_model_card`, given `card_kwargs`: repo_id,
     base_model, datasets, template, facts...), with the results of `eval_results` (JSON path or dict). `verify`:
-    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5."""
+    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5. `onnx` / `openvino`: the
+    runtime files, checked and measured on `stsb_dev_file` (`runtimes.export_runtimes`); `eval_results` also writes
+    the Hub's `.eval_results/` files (`eval_results.write_eval_results`)."""
+    from .eval_results import write_eval_results
+    from .runtimes import check_runtime_request, export_runtimes
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
+    results = read_eval_results(eval_results)  # as a bad runtime request, a bad file fails before the model loads
+    check_runtime_request(onnx, openvino, onnx_arch, stsb_dev_file)
     model, tokenizer = load_mocose_checkpoint(checkpoint)
     max_seq_length, source = inference_max_seq_length(model.config, tokenizer, max_seq_length)
     logger.info("Export max_seq_length: %d tokens (%s; training used %d).", max_seq_length, source,
@@ -212,6 +220,11 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
         if verify:
             diff = verify_export(staging, model, tokenizer, max_seq_length)
             logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
+        if onnx or openvino:
+            card_kwargs["runtimes"] = export_runtimes(
+                staging, probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length), onnx=onnx,
+                openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file)
+        write_eval_results(staging, results, card_kwargs.get("repo_id"))
         if write_card:
             card_kwargs.setdefault("export_name", output_dir.name)
             write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)
@@ -244,11 +257,13 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
                       language: str | list[str] | None = "en", license: str | None = "apache-2.0",
                       tags: str | list[str] | None = None, model_name: str | None = None,
                       tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
-                      training_args: Any | None = None, facts: dict[str, Any] | None = None):
+                      training_args: Any | None = None, facts: dict[str, Any] | None = None,
+                      runtimes: dict[str, Any] | None = None):
     """Renders the card for the sentence-transformers folder `export_dir` as a `ModelCard`.
 
     `model_name` is the title (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags.
-    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
+    `facts` are the live run's (`card_facts`), else the checkpoint's; `training_args` replaces their arguments.
+    `runtimes`: the measured ONNX / OpenVINO files (`runtimes.export_runtimes`), for the "Runtimes" section."""
     from huggingface_hub import ModelCard
     from sentence_transformers import SentenceTransformer
     export_dir = Path(export_dir)
@@ -297,6 +312,7 @@ def render_model_card(export_dir: str | os.PathLike, checkpoint: str | os.PathLi
         corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
         dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
         training_data_tables=training_data_tables(details.get("training_data")), extra_versions=versions,
+        runtimes=runtimes,
     )
     # Parse the rendered text back: a card whose YAML the Hub would reject fails here, locally.
     parsed = ModelCard(str(card))

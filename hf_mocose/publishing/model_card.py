@@ -176,7 +176,8 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
 def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
     """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`:
     the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
-    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev)."""
+    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev).
+    Each STS task: `{"spearman", "pearson", "n", "spearman_all"}`."""
     raw = source if isinstance(source, dict) else {}
     if source is not None and not isinstance(source, dict):
         path = Path(source)
@@ -198,6 +199,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
         value = {"spearman": flat[task]} if isinstance(flat.get(task), (int, float)) else flat.get(task)
         if isinstance(value, dict) and isinstance(value.get("spearman"), (int, float)):
             sts[task] = {k: value.get(k) for k in ("spearman", "pearson", "n")}
+            # Over all pairs (MTEB's score, `eval_results.py`); None when only a weighted mean of sets was kept.
+            one_set = task in ("stsb", "sickr", "stsb_dev") or value.get("aggregation", "all") == "all"
+            sts[task]["spearman_all"] = (value["all"] if isinstance(value.get("all"), dict) else value if one_set
+                                         else {}).get("spearman")
     for task in TRANSFER_TASKS:
         value = flat.get(task)
         accuracy = value.get("accuracy", value.get("acc")) if isinstance(value, dict) else value
