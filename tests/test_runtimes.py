@@ -116,6 +116,10 @@ def test_export_writes_every_runtime_file_as_the_backends_name_them(exported):
             assert [d.dim_param for d in node.type.tensor_type.shape.dim[:2]] == ["batch_size", "sequence_length"]
     quantized = onnx.load(str(folder / QUANTIZED)).graph
     assert {onnx.TensorProto.INT8, onnx.TensorProto.UINT8} & {t.data_type for t in quantized.initializer}
+    # The feed-forward down-projections (intermediate 64 -> hidden 32) stay fp32 MatMuls; the rest is integer.
+    floats = {t.name for t in quantized.initializer if t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [64, 32]}
+    assert sum(n.op_type == "MatMul" and bool(floats & set(n.input)) for n in quantized.node) == 2  # one per layer
+    assert sum(n.op_type == "MatMulInteger" for n in quantized.node) >= 2 * 5  # Q, K, V, output, up-projection
     assert (folder / QUANTIZED).stat().st_size < 0.5 * (folder / "onnx/model.onnx").stat().st_size
 
 
@@ -129,12 +133,13 @@ def test_onnxruntime_and_openvino_run_directly_reproduce_pytorch(exported, file,
     assert cosines(run_directly(folder, file), pytorch_embeddings(folder)).min() >= bound
 
 
-def test_a_model_without_token_type_ids_and_another_arch(tmp_path):
-    """DistilBERT takes no `token_type_ids`; `onnx_arch="avx2"` is sentence-transformers' `model_quint8_avx2.onnx`."""
+def test_a_model_without_token_type_ids_and_another_arch(tmp_path, capsys):
+    """DistilBERT takes no `token_type_ids`; `--onnx_arch avx2` is sentence-transformers' `model_quint8_avx2.onnx`."""
     from conftest import build_tiny_encoder
     encoder = build_tiny_encoder(tmp_path / "enc", model_type="distilbert")
-    checkpoint = make_checkpoint(encoder, tmp_path / "ckpt", "mean")
-    folder = export_to_sentence_transformers(checkpoint, tmp_path / "st", onnx=True, onnx_arch="avx2", write_card=False)
+    checkpoint, folder = make_checkpoint(encoder, tmp_path / "ckpt", "mean"), tmp_path / "st"
+    code, _, err = run_cli(["export", str(checkpoint), str(folder), "--onnx", "--onnx_arch", "avx2", "--no_card"], capsys)
+    assert code == 0, err
     assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["model.onnx", "model_quint8_avx2.onnx"]
     import onnxruntime as ort
     assert [n.name for n in ort.InferenceSession(str(folder / "onnx/model.onnx")).get_inputs()] == [
