@@ -111,15 +111,28 @@ def test_only_the_online_branch_is_exported(exports):
     assert not any((folder / name).exists() for name in ("optimizer.pt", "scheduler.pt", "training_args.bin"))
 
 
-def test_encoder_loads_with_automodel_without_random_weights(exports):
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "distilbert"])
+def test_encoder_loads_with_automodel_without_keywords_or_random_weights(tiny_encoder, tmp_path, model_type):
+    """No `model_kwargs` for any loader to trip on (optimum's ORTModel rejects `add_pooling_layer`): the encoder
+    carries its class's pooler, filled with the MoCoSE pooler Linear; DistilBERT has none to carry."""
+    from conftest import build_tiny_encoder
+    from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    _, _, folder = exports["cls"]
-    kwargs = json.loads((folder / "sentence_bert_config.json").read_text()).get("model_kwargs", {})
-    assert kwargs == {"add_pooling_layer": False}  # BERT: no pooler weights were exported
-    encoder, info = AutoModel.from_pretrained(folder, output_loading_info=True, **kwargs)
-    assert not info["missing_keys"] and not info["unexpected_keys"]
-    assert encoder.config.model_type == "bert"
+    encoder_path = tiny_encoder if model_type == "bert" else build_tiny_encoder(tmp_path / "enc", model_type=model_type)
+    model, _ = make_checkpoint(encoder_path, tmp_path / "ckpt", queue_size=8, queue_init_size=4, max_seq_length=MAX_LEN)
+    folder = export_to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st", write_card=False)
+    assert "model_kwargs" not in json.loads((folder / "sentence_bert_config.json").read_text())
+    encoder, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]  # nothing random, no load report
+    assert encoder.config.model_type == model_type
+    if model_type == "distilbert":
+        assert not hasattr(encoder, "pooler")
+    else:
+        assert torch.equal(encoder.pooler.dense.weight, model.online_pooler.weight)
+        assert torch.equal(encoder.pooler.dense.bias, model.online_pooler.bias)
+    loaded = SentenceTransformer(str(folder), device="cpu")[0].auto_model
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), encoder.state_dict().values()))
 
 
 def test_not_a_mocose_checkpoint_is_refused(tiny_encoder, tmp_path, capsys):

@@ -130,6 +130,46 @@ def test_push_scope_owns_export_files_and_its_folders_only():
     assert stale_files(["mocose/a", "mocose/b", "c"], ["mocose/a"], folders=("mocose",)) == ["mocose/b"]
 
 
+def test_push_scope_in_runtime_folders_and_eval_results():
+    """In `onnx/` and `openvino/` the export owns the names its runtime export writes, when it has that folder;
+    in `.eval_results/` its own `hf-mocose-*.yaml`. Files made some other way stay."""
+    from hf_mocose.publishing.hub import stale_files
+
+    old = ["onnx/model.onnx", "onnx/model_quint8_avx2.onnx", "onnx/model_qint8_arm64.onnx", "onnx/model_O4.onnx",
+           "openvino/openvino_model.xml", "openvino/openvino_model.bin", "openvino/openvino_model_qint8_quantized.xml",
+           ".eval_results/hf-mocose-sts13.yaml", ".eval_results/gpqa.yaml", ".eval_results/hf-mocose-stsb.yaml"]
+    with_onnx = ["onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx", ".eval_results/hf-mocose-stsb.yaml"]
+    assert stale_files(old, with_onnx, export_root=True) == [
+        ".eval_results/hf-mocose-sts13.yaml", "onnx/model_qint8_arm64.onnx", "onnx/model_quint8_avx2.onnx"]
+    with_openvino = ["openvino/openvino_model.xml", "openvino/openvino_model.bin"]
+    eval_files = [".eval_results/hf-mocose-sts13.yaml", ".eval_results/hf-mocose-stsb.yaml"]
+    assert stale_files(old, with_openvino, export_root=True) == eval_files
+    assert stale_files(old, [], export_root=True) == eval_files  # no runtime folder: no runtime file is its
+
+
+def test_push_uploads_runtime_files_and_eval_results_and_keeps_what_others_made(fake_hub, export_dir, tmp_path):
+    import shutil
+
+    export = shutil.copytree(export_dir, tmp_path / "export")
+    new_files = {"onnx/model.onnx": b"fp32", "onnx/model_qint8_avx512_vnni.onnx": b"int8",
+                 "openvino/openvino_model.xml": b"<xml/>", "openvino/openvino_model.bin": b"bin",
+                 ".eval_results/hf-mocose-stsb.yaml": b"- dataset: {id: mteb/stsbenchmark-sts, task_id: default}"}
+    for path, data in new_files.items():
+        (export / path).parent.mkdir(exist_ok=True)
+        (export / path).write_bytes(data)
+    earlier = {"onnx/model.onnx": b"old fp32", "onnx/model_quint8_avx2.onnx": b"old int8 (another CPU)",
+               "openvino/openvino_model.bin": b"old bin", ".eval_results/hf-mocose-sts12.yaml": b"old score"}
+    others = {"onnx/model_O4.onnx": b"optimum's", "openvino/openvino_model_qint8_quantized.xml": b"theirs",
+              ".eval_results/gpqa.yaml": b"a community result"}
+    fake_hub.seed("alice/tiny-mocose", {**earlier, **others, **NOT_OURS})
+    push_export(export, "alice/tiny-mocose")
+    stored = fake_hub.files[("alice/tiny-mocose", "main")]
+    assert {path: stored[path] for path in new_files} == new_files
+    assert sorted(path for _, _, path in fake_hub.deleted) == [".eval_results/hf-mocose-sts12.yaml",
+                                                                "onnx/model_quint8_avx2.onnx"]
+    assert {path: stored[path] for path in others} == others and len(fake_hub.commits) == 1
+
+
 def test_dry_run_sends_nothing(fake_hub, export_dir, capsys):
     code, out, _ = run_cli(["push", str(export_dir), "--repo_id", "alice/tiny-mocose", "--dry_run"], capsys)
     assert code == 0

@@ -195,7 +195,7 @@ def test_custom_template_and_missing_template(run, tmp_path):
 
 def test_eval_results_inputs(tmp_path):
     trainer_metrics = read_eval_results({"eval_stsb_spearman": 81.0, "eval_stsb_pearson": 80.0, "epoch": 1.0})
-    assert trainer_metrics["sts"] == {"stsb_dev": {"spearman": 81.0, "pearson": 80.0, "n": None}}
+    assert trainer_metrics["sts"] == {"stsb_dev": {"spearman": 81.0, "pearson": 80.0, "n": None, "spearman_all": 81.0}}
     assert trainer_metrics["avg"] is None
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -39,7 +39,7 @@ LAYER_IMPORTS = {
 CORE_LAYERS = {"augmentation", "data", "metrics", "models", "launch", "publishing", "trainer", "st_loss", "<root>"}
 MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 400
-MAX_PACKAGE_LINES = 8000  # issue 34: the package a fifth smaller than its 9,908 lines
+MAX_PACKAGE_LINES = 8300  # issue 34: a fifth smaller than its 9,908 lines; issue 46: + ONNX/OpenVINO files, .eval_results
 MAX_PACKAGE_MODULES = 48  # besides the __init__.py files
 
 

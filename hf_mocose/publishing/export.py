@@ -68,28 +68,45 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
     return model, tokenizer
 
 
-def _encoder_load_kwargs(encoder: nn.Module) -> dict:
-    """What AutoModel needs to rebuild `encoder` without the pooler MoCoSE drops (`add_pooling_layer=False`)."""
-    import inspect
+def _encoder_class_pooler(model) -> nn.Module | None:
+    """The pooler the online encoder's class builds by default, holding the MoCoSE pooler Linear's weights; None when
+    the encoder kept its own pooler or has no pooler slot.
+
+    MoCoSE drops the encoder's (Linear + tanh) pooler for its own pooler Linear, which started as that Linear
+    (`start_from_pretrained`). Saving the class's pooler with the trained Linear's weights lets every loader (torch,
+    ONNX, OpenVINO) build the class with no keyword (`add_pooling_layer=False` breaks optimum's) and no random
+    weight; no sentence embedding reads it (they pool `last_hidden_state`)."""
+    encoder, linear = model.online_encoder, model.online_pooler
     if getattr(encoder, "pooler", "absent") is not None:  # no pooler attribute, or one that is kept
-        return {}
-    if "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters:
-        return {"add_pooling_layer": False}
-    logger.warning("%s has a pooler slot but no add_pooling_layer option: AutoModel will create a random pooler on "
-                   "load. Nothing in the export uses it (embeddings come from last_hidden_state).", type(encoder).__name__)
-    return {}
+        return None
+    with torch.device("meta"):
+        pooler = getattr(type(encoder)(encoder.config), "pooler", None)
+    if pooler is None or {k: v.shape for k, v in pooler.state_dict().items()} != {
+            "dense.weight": linear.weight.shape, "dense.bias": getattr(linear.bias, "shape", None)}:
+        logger.warning("%s's pooler is not a Linear like the MoCoSE pooler: loaders will create a random one. Nothing "
+                       "in the export uses it (embeddings come from last_hidden_state).", type(encoder).__name__)
+        return None
+    pooler = pooler.to_empty(device="cpu").to(linear.weight.dtype)
+    pooler.dense.load_state_dict(linear.state_dict())
+    return pooler
 
 
 def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike, max_seq_length: int):
-    """The `SentenceTransformer` equivalent of `model.embed` at `max_seq_length`; its encoder saved in `staging_dir`."""
+    """The `SentenceTransformer` equivalent of `model.embed` at `max_seq_length`; its encoder saved in `staging_dir`
+    (with its class's pooler, see `_encoder_class_pooler`)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
     config = model.config
     encoder = model.online_encoder
-    model_kwargs = _encoder_load_kwargs(encoder)
-    encoder.save_pretrained(staging_dir)
+    if (class_pooler := _encoder_class_pooler(model)) is not None:
+        encoder.pooler = class_pooler
+    try:
+        encoder.save_pretrained(staging_dir)
+    finally:
+        if class_pooler is not None:
+            encoder.pooler = None  # as MoCoSE keeps it (its embed runs none)
     tokenizer.save_pretrained(staging_dir)
-    transformer = Transformer(str(staging_dir), max_seq_length=max_seq_length, model_kwargs=model_kwargs or None)
+    transformer = Transformer(str(staging_dir), max_seq_length=max_seq_length)
     hidden = config.hidden_size
     modules = [transformer, Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
     if config.sentence_pooling == "cls_dense":
@@ -99,7 +116,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
                              init_weight=pooler.weight.detach().clone(),
                              init_bias=None if pooler.bias is None else pooler.bias.detach().clone()))
     st_model = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name="cosine")
-    return st_model.eval(), model_kwargs
+    return st_model.eval()
 
 
 def reference_embeddings(model, tokenizer, sentences, max_length: int, batch_size: int = 32) -> torch.Tensor:
@@ -161,16 +178,24 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
 def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
                                     overwrite: bool = False, *, max_seq_length: int | None = None,
                                     eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
-                                    verify: bool = True, **card_kwargs) -> Path:
+                                    verify: bool = True, onnx: bool = False, openvino: bool = False,
+                                    onnx_arch: str | None = None, stsb_dev_file: str | os.PathLike | None = None,
+                                    **card_kwargs) -> Path:
     """Writes a sentence-transformers model folder of the online branch of `checkpoint` (a MoCoSE checkpoint folder:
     config.json + model.safetensors + tokenizer) to `output_dir` (absent or empty unless `overwrite`, which replaces
     it whole); returns the folder. It truncates its inputs at `max_seq_length` tokens (default: the base model's
     sentence-transformers `max_seq_length`, else the encoder's position limit: `hf_mocose.models.encoding`).
     `write_card`: README.md from the `model_cards/` template (`write_model_card`, given `card_kwargs`: repo_id,
     base_model, datasets, template, facts...), with the results of `eval_results` (JSON path or dict). `verify`:
-    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5."""
+    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5. `onnx` / `openvino`: the
+    runtime files, checked and measured on `stsb_dev_file` (`runtimes.export_runtimes`); `eval_results` also writes
+    the Hub's `.eval_results/` files (`eval_results.write_eval_results`)."""
+    from .eval_results import write_eval_results
+    from .runtimes import check_runtime_request, export_runtimes
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
+    results = read_eval_results(eval_results)  # as a bad runtime request, a bad file fails before the model loads
+    check_runtime_request(onnx, openvino, onnx_arch, stsb_dev_file)
     model, tokenizer = load_mocose_checkpoint(checkpoint)
     max_seq_length, source = inference_max_seq_length(model.config, tokenizer, max_seq_length)
     logger.info("Export max_seq_length: %d tokens (%s; training used %d).", max_seq_length, source,
@@ -180,16 +205,15 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     staging = output_dir.parent / f".{output_dir.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # (not tempfile.mkdtemp: its 0700 mode would stick to the published folder)
     try:
-        st_model, model_kwargs = build_sentence_transformer(model, tokenizer, staging, max_seq_length)
-        st_model.save(str(staging), create_model_card=False)
-        if model_kwargs:  # sentence-transformers reads them from this file but does not write them (random pooler)
-            config_path = staging / "sentence_bert_config.json"
-            module_config = json.loads(config_path.read_text(encoding="utf-8"))
-            module_config["model_kwargs"] = model_kwargs
-            config_path.write_text(json.dumps(module_config, indent=2) + "\n", encoding="utf-8")
+        build_sentence_transformer(model, tokenizer, staging, max_seq_length).save(str(staging), create_model_card=False)
         if verify:
             diff = verify_export(staging, model, tokenizer, max_seq_length)
             logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
+        if onnx or openvino:
+            card_kwargs["runtimes"] = export_runtimes(
+                staging, probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length), onnx=onnx,
+                openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file)
+        write_eval_results(staging, results, card_kwargs.get("repo_id"))
         if write_card:
             card_kwargs.setdefault("export_name", output_dir.name)
             write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)

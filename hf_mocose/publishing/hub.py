@@ -17,6 +17,9 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from .eval_results import EVAL_RESULTS_DIR, EVAL_RESULTS_PATTERN
+from .runtimes import RUNTIME_FILES
+
 logger = logging.getLogger(__name__)
 
 MOCOSE_SUBFOLDER = "mocose"
@@ -28,6 +31,7 @@ EXPORT_PATTERNS = (
     "model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
     "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja", "1_Pooling/*", "2_Dense/*",
+    EVAL_RESULTS_PATTERN,
 )
 NEVER_DELETED = [".gitattributes", "README.md", "*/README.md"]
 # Keywords of `Trainer.push_to_hub(**kwargs)` -> `Trainer.create_model_card` (transformers 5.x), and hf-mocose's own.
@@ -70,12 +74,17 @@ def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | No
 
 
 def stale_files(existing, uploaded, *, export_root: bool = False, folders: tuple[str, ...] = ()) -> list[str]:
-    """The files of `existing` the push owns (`folders`; `export_root`: the export's) that `uploaded` lacks, sorted."""
+    """The files of `existing` the push owns (`folders`; `export_root`: the export's) that `uploaded` lacks, sorted.
+
+    The export owns its root files, its module folders, `.eval_results/hf-mocose-*.yaml`, and in `onnx/` and
+    `openvino/` the names its runtime export writes, when it has that folder: files made some other way stay."""
     from huggingface_hub.utils import filter_repo_objects
     uploaded = set(uploaded)
     patterns = [f"{folder.strip('/')}/*" for folder in folders if folder.strip("/")]
     if export_root:
-        patterns += [*EXPORT_PATTERNS, *{f"{path.split('/')[0]}/*" for path in uploaded if "/" in path}]
+        tops = {path.split("/")[0] for path in uploaded if "/" in path}
+        patterns += [*EXPORT_PATTERNS, *(f"{top}/*" for top in tops - {*RUNTIME_FILES, EVAL_RESULTS_DIR}),
+                     *(name for top in tops & set(RUNTIME_FILES) for name in RUNTIME_FILES[top])]
     owned = filter_repo_objects(existing, allow_patterns=patterns, ignore_patterns=NEVER_DELETED) if patterns else []
     return sorted(set(owned) - uploaded)
 

@@ -73,7 +73,8 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
 def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
     """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`:
     the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
-    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev)."""
+    same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev).
+    Each STS task: `{"spearman", "pearson", "n", "spearman_all"}`."""
     raw = source if isinstance(source, dict) else {}
     if source is not None and not isinstance(source, dict):
         path = Path(source)
@@ -95,6 +96,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
         value = {"spearman": flat[task]} if isinstance(flat.get(task), (int, float)) else flat.get(task)
         if isinstance(value, dict) and isinstance(value.get("spearman"), (int, float)):
             sts[task] = {k: value.get(k) for k in ("spearman", "pearson", "n")}
+            # Over all pairs (MTEB's score, `eval_results.py`); None when only a weighted mean of sets was kept.
+            one_set = task in ("stsb", "sickr", "stsb_dev") or value.get("aggregation", "all") == "all"
+            sts[task]["spearman_all"] = (value["all"] if isinstance(value.get("all"), dict) else value if one_set
+                                         else {}).get("spearman")
     for task in TRANSFER_TASKS:
         value = flat.get(task)
         accuracy = value.get("accuracy", value.get("acc")) if isinstance(value, dict) else value
@@ -215,10 +220,12 @@ class MoCoSEModelCardData(SentenceTransformerModelCardData):
                     language: str | list[str] | None = "en", license: str | None = "apache-2.0",
                     tags: str | list[str] | None = None, model_name: str | None = None,
                     tasks: str | list[str] | None = None, dataset_args: str | list[str] | None = None,
-                    training_args: Any | None = None, facts: dict[str, Any] | None = None) -> "MoCoSEModelCardData":
+                    training_args: Any | None = None, facts: dict[str, Any] | None = None,
+                    runtimes: dict[str, Any] | None = None) -> "MoCoSEModelCardData":
         """The card data of the sentence-transformers folder `export_dir` of `checkpoint`: `model_name` is the title
         (default: the repo's or folder's name); `tags` and `tasks` join the metadata tags; `facts` are the live run's
-        (`card_facts`), else the checkpoint's; `training_args` replaces their arguments."""
+        (`card_facts`), else the checkpoint's; `training_args` replaces their arguments; `runtimes`: the measured
+        ONNX / OpenVINO files (`runtimes.export_runtimes`), for the "Runtimes" section."""
         from sentence_transformers import SentenceTransformer
         export_dir = Path(export_dir)
         config = (read_json(Path(checkpoint) / "config.json") if checkpoint is not None else None) or {}
@@ -262,7 +269,8 @@ class MoCoSEModelCardData(SentenceTransformerModelCardData):
             corpus=public_name(corpus) or (", ".join(datasets) if datasets else None),  # a local path: its file name
             dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
             training_data_tables=training_data_tables(details.get("training_data")),
-            extra_versions={name: _version(name) for name in ("hf-mocose", "huggingface_hub")})  # (the rest: ST's)
+            extra_versions={name: _version(name) for name in ("hf-mocose", "huggingface_hub")},  # (the rest: ST's)
+            runtimes=runtimes)
         return card_data
 
     def render(self, template: str | os.PathLike | None = None):

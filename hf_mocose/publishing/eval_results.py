@@ -1,0 +1,56 @@
+"""The Hub's `.eval_results/*.yaml` files of an export: one per STS test set, on MTEB's copy of that set.
+
+The Hub shows these files on the model page and feeds them to the benchmark dataset's leaderboard
+(huggingface_hub's `EvalResultEntry`; the card's `model-index` stays for older readers). hf-mocose's STS scores are
+MTEB's main score for these sets: Spearman of cosine similarities over all pairs of the test split (for STS12-16,
+the sets concatenated: `hf-mocose evaluate --aggregation all`, the default), x100 as MTEB's leaderboard shows them.
+STS-B dev picks checkpoints and is not a test result: it gets no file. The files are named `hf-mocose-<task>.yaml`,
+so a push owns them and no one else's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+EVAL_RESULTS_DIR = ".eval_results"
+EVAL_RESULTS_PATTERN = f"{EVAL_RESULTS_DIR}/hf-mocose-*.yaml"
+# STS task -> MTEB's dataset on the Hub (the task its `eval.yaml` declares: `default`).
+MTEB_DATASETS = {"sts12": "mteb/sts12-sts", "sts13": "mteb/sts13-sts", "sts14": "mteb/sts14-sts",
+                 "sts15": "mteb/sts15-sts", "sts16": "mteb/sts16-sts", "stsb": "mteb/stsbenchmark-sts",
+                 "sickr": "mteb/sickr-sts"}
+NOTES = ("hf-mocose evaluate on the SentEval copy of the test split: Spearman x100 of the cosine similarities over "
+         "all pairs (MTEB's main score)")
+
+
+def eval_result_entries(results: dict, repo_id: str | None = None) -> dict:
+    """`{task: EvalResultEntry}` of `read_eval_results`' dict; the source is the model's page when `repo_id` is
+    known. A task scored only as a set-size-weighted mean (`--aggregation wmean`) is left out: it is not MTEB's."""
+    from huggingface_hub import EvalResultEntry
+    source = {"source_url": f"https://huggingface.co/{repo_id}", "source_name": "Model card (hf-mocose evaluate)"} \
+        if repo_id else {}
+    entries = {}
+    for task, dataset_id in MTEB_DATASETS.items():
+        if (value := (results["sts"].get(task) or {}).get("spearman_all")) is None:
+            if task in results["sts"]:
+                logger.warning("%s has no all-pairs Spearman (a wmean aggregation): no .eval_results file.", task)
+            continue
+        entries[task] = EvalResultEntry(dataset_id=dataset_id, task_id="default", value=round(float(value), 2),
+                                        notes=NOTES, **source)
+    return entries
+
+
+def write_eval_results(export_dir: str | os.PathLike, results: dict, repo_id: str | None = None) -> list[Path]:
+    """Writes `<export_dir>/.eval_results/hf-mocose-<task>.yaml` for each entry of `eval_result_entries`."""
+    import yaml
+    from huggingface_hub import eval_result_entries_to_yaml
+    written = []
+    for task, entry in eval_result_entries(results, repo_id).items():
+        path = Path(export_dir) / EVAL_RESULTS_DIR / f"hf-mocose-{task}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(eval_result_entries_to_yaml([entry]), sort_keys=False), encoding="utf-8")
+        written.append(path)
+    return written
