@@ -348,10 +348,10 @@ def test_data_it_cannot_use_fails_before_any_step(tiny_encoder, tmp_path, column
 
 
 def test_uneven_batches_across_processes_are_refused(tiny_encoder, tmp_path, monkeypatch):
-    from hf_mocose.st_loss import callback as st_loss_callback
+    from hf_mocose.st_loss import inputs as st_loss_inputs
 
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=Dataset.from_dict({"text": python_docs_sentences()[:30]}))
-    monkeypatch.setattr(st_loss_callback, "get_world_size", lambda: 2)
+    monkeypatch.setattr(st_loss_inputs, "get_world_size", lambda: 2)
     with pytest.raises(ValueError, match="dataloader_drop_last=True"):
         trainer.loss.check_dataset(trainer.train_dataset, trainer.args)
 

@@ -114,14 +114,14 @@ def test_each_rank_trains_on_its_own_part_of_the_stream(tiny_encoder, tmp_path, 
 def test_st_loss_tells_how_to_stream_under_several_processes(tiny_encoder, tmp_path, monkeypatch):
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    from hf_mocose.st_loss import callback
+    from hf_mocose.st_loss import inputs
 
-    monkeypatch.setattr(callback, "get_world_size", lambda: 2)
+    monkeypatch.setattr(inputs, "get_world_size", lambda: 2)
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     with pytest.raises(ValueError, match=r"pass accelerator_config=\{'dispatch_batches': False\}"):
-        callback.check_streamed_data(_streamed(), args)
+        inputs.check_streamed_data(_streamed(), args)
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, dataloader_drop_last=True,
                                                 accelerator_config={"dispatch_batches": False})
-    callback.check_streamed_data(_streamed(num_shards=4), args)
+    inputs.check_streamed_data(_streamed(num_shards=4), args)
     with pytest.raises(ValueError, match="has 3 shards, which 2 processes cannot share"):
-        callback.check_streamed_data(_streamed(num_shards=3), args)
+        inputs.check_streamed_data(_streamed(num_shards=3), args)
