@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model, inference_max_seq_length
-from .model_card import render_model_card, write_model_card  # noqa: F401  (the export's card, also public here)
+from .model_card import read_eval_results, render_model_card, write_model_card  # noqa: F401 (also public here)
 
 logger = logging.getLogger(__name__)
 
