@@ -35,11 +35,14 @@ LAYER_IMPORTS = {
     "evaluation": {"models", "methods", "data", "metrics"},
     "commands": {"models", "methods", "data", "training", "publishing", "trainer", "st_loss", "evaluation"},
     "<root>": {"models", "trainer", "st_loss", "publishing"},
+    "compat": set(),  # shims for older library versions: every layer may import it
 }
-CORE_LAYERS = {"methods", "data", "metrics", "models", "training", "publishing", "trainer", "st_loss", "<root>"}
+EVERY_LAYER_MAY_IMPORT = {"compat"}
+CORE_LAYERS = {"methods", "data", "metrics", "models", "training", "publishing", "trainer", "st_loss", "<root>",
+               "compat"}
 MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 400
-MAX_PACKAGE_LINES = 8000  # issue 34: the package a fifth smaller than its 9,908 lines
+MAX_PACKAGE_LINES = 8100  # issue 34: 8,000 (a fifth below 9,908); issue 42: + hf-mocose train, recipes, version shims
 MAX_PACKAGE_MODULES = 48  # besides the __init__.py files
 
 
@@ -139,7 +142,7 @@ def test_each_layer_imports_only_the_layers_below_it():
         for path in _all_files()
         for line, name in _imports_of(path)
         if name.startswith("hf_mocose") and _layer(name) != _layer(_module_name(path))
-        and _layer(name) not in LAYER_IMPORTS[_layer(_module_name(path))]
+        and _layer(name) not in LAYER_IMPORTS[_layer(_module_name(path))] | EVERY_LAYER_MAY_IMPORT
     ]
     assert set(LAYER_IMPORTS) - {"<root>"} == {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()}
     assert offenders == [], "imports against the layer order (docs/design.md):\n" + "\n".join(offenders)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from sentence_transformers.util.distributed import all_gather, get_rank, get_world_size
+from ..compat import all_gather, get_rank, get_world_size
 from torch import Tensor
 from torch.autograd import Variable
 from torch.nn import functional as F

@@ -97,8 +97,10 @@ def hub_errors(what: str, repo_id: str, token: str | None):
 
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
     """An `HfApi` for uploads (token resolved, offline refused); one per `owner`, endpoint, token: pushes in order."""
-    from huggingface_hub import HfApi, constants, get_token
-    if constants.is_offline_mode():
+    from huggingface_hub import HfApi, get_token
+
+    from ..compat import hub_offline
+    if hub_offline():
         raise HubPushError("Offline mode is on (HF_HUB_OFFLINE=1): unset it to upload to the Hub.")
     if not (token := token or get_token()):
         raise HubPushError("No Hugging Face token found. Set the HF_TOKEN environment variable or run `hf auth login` "

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from accelerate.state import GradientState
-from sentence_transformers.util.distributed import get_world_size
+from ..compat import get_world_size
 from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.util.distributed import get_rank
+from ..compat import get_rank
 from torch import Tensor, nn
 
 from ..methods.augmentation import repeat_words_in_batch
