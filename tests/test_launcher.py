@@ -36,12 +36,13 @@ def test_every_recipe_is_named_and_says_what_it_is_for(capsys):
 
 def test_a_recipe_is_a_name_or_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside the checkout
-    assert resolve_yaml("quickstart") == resolve_yaml("quickstart.yaml") == REPO_ROOT / "training_args" / "quickstart.yaml"
+    quickstart = REPO_ROOT / "training_args" / "quickstart.yaml"
+    assert resolve_yaml("quickstart") == resolve_yaml("quickstart.yaml") == quickstart
     own = tmp_path / "mine.yaml"
     own.write_text("model_name_or_path: builtin:all-MiniLM-L6-v2\nqueue_size: 64\n")
     assert resolve_yaml(str(own)) == own and resolve_yaml("mine.yaml") == own.relative_to(tmp_path)
     for missing in ("quickstrat", "somewhere/quickstart.yaml"):
-        with pytest.raises(FileNotFoundError, match=rf"Recipe '{missing}' does not exist: .*\(adapt-minilm, .*quickstart"):
+        with pytest.raises(FileNotFoundError, match=rf"Recipe '{missing}' does not exist: .*\(adapt-minilm, .*quick"):
             resolve_yaml(missing)
     script_args, args = parse_args(["mocose-bert-base", "--max_steps", "3", "--output_dir", str(tmp_path / "o")])
     recipe = yaml.safe_load((REPO_ROOT / "training_args" / "mocose-bert-base.yaml").read_text())
@@ -56,7 +57,8 @@ def test_launch_flags_go_to_accelerate_and_the_rest_to_training(monkeypatch, cap
     launched = []
     monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
     argv = ["train", "mocose-bert-base", "--accelerate_config", "fsdp2", "--num_processes", "8", "--max_steps", "3",
-            "--gradient_accumulation_steps", "2", "--main_process_port=29555", "--same_network", "--debug", "underflow_overflow",
+            "--gradient_accumulation_steps", "2", "--main_process_port=29555", "--same_network", "--debug",
+            "underflow_overflow",
             "--learning_rate=1e-5"]
     code, _, _ = run_cli(argv, capsys)
     assert code == 0 and len(launched) == 1
@@ -113,6 +115,6 @@ def test_a_refusal_through_hf_mocose_train_is_train_py_s_line(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert cli.returncode == script.returncode == 2
     assert cli.stderr.strip() == script.stderr.strip()
-    assert re.fullmatch(r"train\.py: error: per_device_train_batch_size .*0.* \(HF_MOCOSE_DEBUG=1 shows the traceback\)",
-                        cli.stderr.strip())
+    line = r"train\.py: error: per_device_train_batch_size .*0.* \(HF_MOCOSE_DEBUG=1 shows the traceback\)"
+    assert re.fullmatch(line, cli.stderr.strip())
     assert not (tmp_path / "out").exists()

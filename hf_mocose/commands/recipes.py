@@ -2,7 +2,7 @@
 
 A recipe is named (`quickstart`: a YAML file of `training_args/`) or a path to any YAML; a launcher config likewise
 (`fsdp2`: `configs/accelerate/`). The checkout's folders are read first (an editable install); a wheel carries copies
-(`hf_mocose/recipes/`, `hf_mocose/accelerate_configs/`, setup.py). A recipe's first line, a comment, says what it is for.
+(`hf_mocose/recipes/`, `hf_mocose/accelerate_configs/`, setup.py). A recipe's first line, a comment, says its purpose.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def recipe_purpose(path: Path) -> str:
 
 def print_recipes() -> int:
     recipes = named_files(RECIPES)
+    width = max(map(len, recipes), default=0)
     print("Recipes (hf-mocose train RECIPE, or a path to your own YAML):")
-    print("\n".join(f"  {name:<{max(map(len, recipes))}}  {recipe_purpose(path)}" for name, path in recipes.items()))
+    print("\n".join(f"  {name:<{width}}  {recipe_purpose(path)}" for name, path in recipes.items()))
     print(f"Launcher configs (--accelerate_config NAME, or a path): {', '.join(named_files(ACCELERATE_CONFIGS))}")
     return 0
 

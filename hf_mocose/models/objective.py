@@ -36,11 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ..compat import all_gather, get_rank, get_world_size
 from torch import Tensor
 from torch.autograd import Variable
 from torch.nn import functional as F
 
+from ..compat import all_gather, get_rank, get_world_size
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .modeling import MoCoSEOutput
 from .queue import KeyQueue

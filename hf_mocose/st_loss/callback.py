@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ..compat import get_world_size
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, SaveStrategy
 
+from ..compat import get_world_size
 from ..models.ema import EMATargetCallback
 from ..models.objective import FGSM_STATE_FILE, load_fgsm_state, save_fgsm_state
 from ..methods.mtd import max_traceable_distance

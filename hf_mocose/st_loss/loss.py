@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
-from ..compat import get_rank
 from torch import Tensor, nn
 
+from ..compat import get_rank
 from ..methods.augmentation import repeat_words_in_batch
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.ema import EMATensorPairs, ema_tensor_pairs

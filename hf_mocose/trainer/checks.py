@@ -53,7 +53,8 @@ def hub_model_problem(repo_id: str, revision: str | None = None, subfolder: str 
     """What stops `from_pretrained(repo_id)`, in words that say which case it is and what to do; None if nothing.
     Offline (HF_HUB_OFFLINE=1) or with no network, the local Hugging Face cache answers instead."""
     from huggingface_hub import get_hf_file_metadata, get_token, hf_hub_url
-    from huggingface_hub.errors import GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     from ..compat import HUB_TRANSPORT_ERRORS, RemoteEntryNotFoundError, hub_offline
     filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
