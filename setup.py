@@ -1,5 +1,7 @@
-"""Packaging hook: the model card templates live in the top-level `model_cards/` folder and ship
-inside the package as `hf_mocose/templates/` (everything else is in setup.cfg)."""
+"""Packaging hook: files kept in top-level folders of the checkout ship inside the package (everything else is in
+setup.cfg): the model card templates (`model_cards/` -> `hf_mocose/templates/`), the recipes (`training_args/` ->
+`hf_mocose/recipes/`) and the launcher configs (`configs/accelerate/` -> `hf_mocose/accelerate_configs/`), so that an
+installed package trains by recipe name from any folder (`hf_mocose.commands.recipes` reads the checkout's first)."""
 
 import shutil
 from pathlib import Path
@@ -7,16 +9,21 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+# checkout folder, file pattern -> package sub-folder
+PACKAGE_DATA_FOLDERS = {("model_cards", "*.md.j2"): "templates", ("training_args", "*.yaml"): "recipes",
+                        ("configs/accelerate", "*.yaml"): "accelerate_configs"}
 
-class BuildPyWithCardTemplates(build_py):
-    """Copies model_cards/*.md.j2 into the built package (hf_mocose/templates/)."""
+
+class BuildPyWithPackageData(build_py):
+    """Copies `PACKAGE_DATA_FOLDERS` into the built package."""
 
     def run(self):
         super().run()
-        target = Path(self.build_lib) / "hf_mocose" / "templates"
-        target.mkdir(parents=True, exist_ok=True)
-        for template in sorted((Path(__file__).resolve().parent / "model_cards").glob("*.md.j2")):
-            shutil.copy2(template, target / template.name)
+        for (source, pattern), packaged in PACKAGE_DATA_FOLDERS.items():
+            target = Path(self.build_lib) / "hf_mocose" / packaged
+            target.mkdir(parents=True, exist_ok=True)
+            for path in sorted((Path(__file__).resolve().parent / source).glob(pattern)):
+                shutil.copy2(path, target / path.name)
 
 
-setup(cmdclass={"build_py": BuildPyWithCardTemplates})
+setup(cmdclass={"build_py": BuildPyWithPackageData})

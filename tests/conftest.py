@@ -84,7 +84,12 @@ def minilm() -> str:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    environment = dict(os.environ)
     yield
+    # Each test starts from the session's environment: transformers < 5 writes ACCELERATE_MIXED_PRECISION for bf16
+    # arguments, which every later Trainer of the process would then train with.
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def tiny_training_args(output_dir, **overrides):

@@ -174,7 +174,12 @@ def fake_hub(monkeypatch, tmp_path):
     # conftest turns offline mode on before huggingface_hub is imported; its constant is what is read.
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # huggingface_hub < 1 builds some URLs from it, read at import
     monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+    # huggingface_hub < 1 caches its HTTP session, offline (failing every request) if made while offline mode was on.
+    reset_sessions = getattr(__import__("huggingface_hub.utils").utils, "reset_sessions", lambda: None)
+    reset_sessions()
     yield hub
+    reset_sessions()
     hub.server.shutdown()
     hub.server.server_close()

@@ -35,12 +35,18 @@ LAYER_IMPORTS = {
     "evaluation": {"models", "augmentation", "data", "metrics"},
     "commands": {"models", "augmentation", "data", "launch", "publishing", "trainer", "st_loss", "evaluation"},
     "<root>": {"models", "trainer", "st_loss", "publishing"},
+    "compat": set(),  # shims for older library versions: every layer may import it
 }
-CORE_LAYERS = {"augmentation", "data", "metrics", "models", "launch", "publishing", "trainer", "st_loss", "<root>"}
+EVERY_LAYER_MAY_IMPORT = {"compat"}
+CORE_LAYERS = {"augmentation", "data", "metrics", "models", "launch", "publishing", "trainer", "st_loss", "<root>",
+               "compat"}
 MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 400
-MAX_PACKAGE_LINES = 8300  # issue 34: a fifth smaller than its 9,908 lines; issue 46: + ONNX/OpenVINO files, .eval_results
-MAX_PACKAGE_MODULES = 48  # besides the __init__.py files
+# issue 34: 8,000, a fifth below 9,908. Issue 43 (the branches, the preflight, the card facts and the loss state as
+# modules of their own) left 8,063 of its 7,500 target; issues 42 (hf-mocose train, recipes, version shims), 45 (the
+# preflight's folder and data checks, finished runs) and 46 (ONNX/OpenVINO files, .eval_results) added the rest.
+MAX_PACKAGE_LINES = 8850
+MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 
 def _module_name(path: Path) -> str:
@@ -139,7 +145,7 @@ def test_each_layer_imports_only_the_layers_below_it():
         for path in _all_files()
         for line, name in _imports_of(path)
         if name.startswith("hf_mocose") and _layer(name) != _layer(_module_name(path))
-        and _layer(name) not in LAYER_IMPORTS[_layer(_module_name(path))]
+        and _layer(name) not in LAYER_IMPORTS[_layer(_module_name(path))] | EVERY_LAYER_MAY_IMPORT
     ]
     assert set(LAYER_IMPORTS) - {"<root>"} == {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()}
     assert offenders == [], "imports against the layer order (docs/design.md):\n" + "\n".join(offenders)

@@ -23,7 +23,8 @@ from typing import Callable
 # sub-command -> the module that registers it: `hf-mocose mtd` imports only the arithmetic it runs (no torch).
 COMMAND_OWNERS = {"evaluate": "hf_mocose.evaluation.commands", "diagnose": "hf_mocose.evaluation.commands",
                   "export": "hf_mocose.publishing.commands", "push": "hf_mocose.publishing.commands",
-                  "mtd": "hf_mocose.models.mtd"}
+                  "mtd": "hf_mocose.models.mtd", "train": "hf_mocose.commands.launch",
+                  "recipes": "hf_mocose.commands.recipes"}
 COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
 # Idle OpenMP threads spin, taking shared cores from the working thread (2.2x the wall time on a loaded 2-core

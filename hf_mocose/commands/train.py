@@ -34,6 +34,7 @@ from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
+from .recipes import resolve_yaml
 
 logger = logging.getLogger("hf_mocose.train")
 
@@ -219,13 +220,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     `_resolve_auto_bf16`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments),
-                              usage="%(prog)s [RECIPE.yaml] [--field value ...] [--help | --help_all]")
+                              usage="%(prog)s [RECIPE] [--field value ...] [--help | --help_all]")
     accept_null_for_optional_numbers(parser, (ScriptArguments, MoCoSETrainingArguments))
     recipe: dict = {}
-    if argv and argv[0].endswith((".yaml", ".yml")):
-        recipe_path = Path(argv.pop(0))
-        if not recipe_path.is_file():
-            raise FileNotFoundError(f"Recipe {str(recipe_path)!r} does not exist.")
+    if argv and not argv[0].startswith("-"):  # a recipe: its name (hf-mocose recipes) or a YAML path
+        recipe_path = resolve_yaml(argv.pop(0))
         recipe = yaml.safe_load(recipe_path.read_text()) or {}
         if unknown := sorted(set(recipe) - {action.dest for action in parser._actions}):
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")

@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from sentence_transformers.util.distributed import all_gather, get_rank, get_world_size
 from torch import Tensor
 from torch.autograd import Variable
 from torch.nn import functional as F
 
+from ..compat import all_gather, get_rank, get_world_size
 from .mtd import max_traceable_distance
 from .losses import ContrastiveLossOutput, info_nce_loss, twins_loss
 from .branches import MoCoSEOutput

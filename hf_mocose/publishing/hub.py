@@ -106,8 +106,10 @@ def hub_errors(what: str, repo_id: str, token: str | None):
 
 def hub_api(token: str | None = None, endpoint: str | None = None, owner=None):
     """An `HfApi` for uploads (token resolved, offline refused); one per `owner`, endpoint, token: pushes in order."""
-    from huggingface_hub import HfApi, constants, get_token
-    if constants.is_offline_mode():  # a missing token said in the same line: else it shows up only on the next try
+    from huggingface_hub import HfApi, get_token
+
+    from ..compat import hub_offline
+    if hub_offline():  # a missing token said in the same line: else it shows up only on the next try
         no_token = "" if token or get_token() else " and no Hugging Face token is set (HF_TOKEN, or `hf auth login`)"
         raise HubPushError(f"Offline mode is on (HF_HUB_OFFLINE=1){no_token}: unset it"
                            f"{', and set a token,' * bool(no_token)} to upload to the Hub.")

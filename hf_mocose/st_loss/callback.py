@@ -24,10 +24,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from sentence_transformers.util.distributed import get_world_size
 from torch import nn
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
+from ..compat import get_world_size
 from ..launch.preflight import preflight
 from ..models.ema import EMATargetCallback
 from .checkpoints import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state, load_loss_state,

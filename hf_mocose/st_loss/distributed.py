@@ -15,11 +15,11 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from accelerate.state import GradientState
-from sentence_transformers.util.distributed import get_world_size
 from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn.utils import get_total_norm
 
+from ..compat import get_world_size
 from ..launch.sharding import (accelerator_sharding, launch_sharding, quiet_ddp_broadcast_buffers_notice,
                                  refuse_one_process_of_several, refuse_unsupported_sharding)
 

@@ -7,7 +7,7 @@ step, and a streamed dataset read by shards. The method's own limits (queue and 
 
 from __future__ import annotations
 
-from sentence_transformers.util.distributed import get_world_size
+from ..compat import get_world_size
 from torch import nn
 
 from ..launch.preflight import check_fills_a_batch, check_run

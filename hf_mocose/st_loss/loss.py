@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from accelerate.utils import extract_model_from_parallel
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.util.distributed import get_rank
 from torch import Tensor, nn
 
 from ..augmentation.views import repeat_words_in_batch
+from ..compat import get_rank
 from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.branches import ContrastiveBranches, Encoders
 from ..models.ema import EMATensorPairs

@@ -52,19 +52,20 @@ def hub_model_problem(repo_id: str, revision: str | None = None, subfolder: str 
                       token: str | bool | None = None, **_) -> str | None:
     """What stops `from_pretrained(repo_id)`, in words that say which case it is and what to do; None if nothing.
     Offline (HF_HUB_OFFLINE=1) or with no network, the local Hugging Face cache answers instead."""
-    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RemoteEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-    from huggingface_hub.utils import get_token, httpx
+    from huggingface_hub import get_hf_file_metadata, get_token, hf_hub_url
+    from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    from ..compat import HUB_TRANSPORT_ERRORS, RemoteEntryNotFoundError, hub_offline
     filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
-    if constants.is_offline_mode():
+    if hub_offline():
         return None if _in_cache(repo_id, filename, revision) else (
             "no such folder, and not a Hub id that can be reached offline (offline mode (HF_HUB_OFFLINE=1) is on and "
             "it is not in the local Hugging Face cache). Give the path of a model folder, or download the model while "
             "online first.")
     try:
         get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token, timeout=HUB_CHECK_TIMEOUT_S)
-    except (httpx.TransportError, OfflineModeIsEnabled) as err:
+    except (*HUB_TRANSPORT_ERRORS, OfflineModeIsEnabled) as err:
         if _in_cache(repo_id, filename, revision):
             return None  # from_pretrained falls back to the cached copy
         reason = " ".join(str(err).split()) or type(err).__name__

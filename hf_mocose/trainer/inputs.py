@@ -184,8 +184,9 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
 
 def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
     """`Trainer.__init__`'s `align_special_tokens`, run first without the announcement it makes for a fresh model."""
-    from transformers.trainer_utils import align_special_tokens
     from transformers.utils import logging as transformers_logging
+
+    from ..compat import align_special_tokens
     if processing_class is None:
         return
     announcer = transformers_logging.get_logger("transformers.trainer_utils")

@@ -150,7 +150,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer; with `head_learning_rate` set, the heads get their own groups at it."""
         fresh = self.optimizer is None
-        optimizer = super().create_optimizer(model)
+        optimizer = super().create_optimizer(*([model] if model is not None else []))  # transformers < 5 takes none
         if fresh and self.args.head_learning_rate is not None:
             heads = {id(p) for p in self.accelerator.unwrap_model(self.model).head_parameters()}
             for group in list(optimizer.param_groups):

@@ -1,0 +1,59 @@
+"""Shims for the oldest library versions hf-mocose supports, in one place.
+
+setup.cfg's floors are transformers 4.56, sentence-transformers 5.4 and huggingface_hub 0.34 (what pip installs beside
+`sentence-transformers[onnx]`: transformers 4.57, sentence-transformers 5.7); `.ci/run` tests them (`.ci/floors.txt`).
+Each name here is the library's own where the installed version has it, else the same behaviour written out:
+
+- sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`;
+- transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods);
+- huggingface_hub < 1: requests instead of httpx, no `constants.is_offline_mode`, no `RemoteEntryNotFoundError`.
+
+May import: nothing in hf_mocose (every layer may import it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch.distributed as dist
+from huggingface_hub import constants as _hub_constants
+from huggingface_hub import errors as _hub_errors
+from sentence_transformers.util import distributed as _st_distributed
+from transformers import Trainer
+from transformers import trainer_utils as _trainer_utils
+
+all_gather = _st_distributed.all_gather
+get_rank = getattr(_st_distributed, "get_rank", lambda: dist.get_rank() if dist.is_initialized() else 0)
+get_world_size = getattr(_st_distributed, "get_world_size",
+                         lambda: dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def _sort_checkpoints(output_dir: str) -> list[str]:
+    """The `checkpoint-N` folders of `output_dir` (and names that start so), oldest step first."""
+    prefix = _trainer_utils.PREFIX_CHECKPOINT_DIR
+    steps = [(int(match[1]), str(path)) for path in Path(output_dir).glob(f"{prefix}-*")
+             if path.is_dir() and (match := re.match(rf".*{prefix}-([0-9]+)", str(path)))]
+    return [path for _, path in sorted(steps)]
+
+
+sort_checkpoints = getattr(_trainer_utils, "sort_checkpoints", _sort_checkpoints)
+align_special_tokens = getattr(_trainer_utils, "align_special_tokens", lambda model, processing_class: (
+    Trainer._align_special_tokens(SimpleNamespace(model=model, processing_class=processing_class))))
+
+RemoteEntryNotFoundError = getattr(_hub_errors, "RemoteEntryNotFoundError", _hub_errors.EntryNotFoundError)
+try:  # errors of a request that never got an answer (no network, refused, timed out)
+    from huggingface_hub.utils import httpx
+
+    HUB_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError,)
+except ImportError:  # huggingface_hub < 1
+    import requests
+
+    HUB_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout)
+
+
+def hub_offline() -> bool:
+    """Whether huggingface_hub is in offline mode (HF_HUB_OFFLINE=1)."""
+    is_offline = getattr(_hub_constants, "is_offline_mode", None)
+    return is_offline() if is_offline is not None else bool(_hub_constants.HF_HUB_OFFLINE)
