@@ -2,10 +2,10 @@
 
 The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a loaded encoder,
 raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's trainers take them). Overrides:
-  - `compute_loss`: an adapter of `ContrastiveObjective.step`, the step of every method and of `MoCoSELoss` too;
+  - `compute_loss`: `ContrastiveObjective`'s four lines (FGSM, the forward, the loss, the enqueue), as `MoCoSELoss`'s;
   - `log`: adds the method's running metrics at logging steps (no host sync in between);
   - evaluation (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev so `load_best_model_at_end` works;
-  - `train`: checks `resume_from_checkpoint` first; checkpoint hooks: FGSM's "previous" gradient (exact resume),
+  - `train`: the preflight and `resume_from_checkpoint` first (a finished run trains nothing); checkpoint hooks: FGSM's "previous" gradient (exact resume),
     `card_facts.json` beside every saved model (`_save`), FSDP2 sharded saves completed (`save_model`);
   - Hub publishing (`HubPublishingMixin`): the export at the repo root, the MoCoSE model in `mocose/`.
 The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
