@@ -37,10 +37,12 @@ def minilm_path() -> str:
 
 
 def build_tiny_encoder(path: Path, model_type: str = "bert", seed: int = 0) -> str:
-    """Saves a tiny random encoder (hidden 32, 2 layers) with the MiniLM WordPiece tokenizer to `path`."""
+    """Saves a tiny random encoder (hidden 32, 2 layers) with the MiniLM WordPiece tokenizer to `path`; a DistilBERT's
+    tokenizer gives no `token_type_ids`, as DistilBERT's own does (sentence-transformers 5.4 passes them on)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    inputs = {"model_input_names": ["input_ids", "attention_mask"]} if model_type == "distilbert" else {}
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path(), **inputs)
     torch.manual_seed(seed)
     config = AutoConfig.for_model(
         model_type,

@@ -4,7 +4,9 @@ behave as the newer libraries' own functions (`.ci/run` runs the floors' subset 
 from __future__ import annotations
 
 import configparser
+import logging
 
+import huggingface_hub
 from conftest import REPO_ROOT
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -45,3 +47,17 @@ def test_offline_mode_is_read_when_asked(monkeypatch):
     for offline in (True, False):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
         assert compat.hub_offline() is offline
+
+
+def test_a_hub_without_eval_result_entries_writes_no_files_and_says_so(tmp_path, monkeypatch, caplog):
+    """huggingface_hub < 1.4 (the floor beside transformers 4.x) has no `EvalResultEntry`: the export goes on without
+    `.eval_results/`, in one warning."""
+    from hf_mocose.publishing.eval_results import write_eval_results
+    monkeypatch.setattr(compat, "EvalResultEntry", None)
+    results = {"sts": {"sts12": {"spearman_all": 72.04}}}
+    with caplog.at_level(logging.WARNING):
+        assert write_eval_results(tmp_path, results) == []
+    assert not (tmp_path / ".eval_results").exists()
+    assert [r.getMessage() for r in caplog.records if "EvalResultEntry" in r.getMessage()] == [
+        f"huggingface_hub {huggingface_hub.__version__} has no EvalResultEntry (1.4 added it): no .eval_results files; "
+        "the card's model-index has the scores."]

@@ -6,7 +6,8 @@ Each name here is the library's own where the installed version has it, else the
 
 - sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`;
 - transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods);
-- huggingface_hub < 1: requests instead of httpx, no `constants.is_offline_mode`, no `RemoteEntryNotFoundError`.
+- huggingface_hub < 1: requests instead of httpx, no `constants.is_offline_mode`, no `RemoteEntryNotFoundError`;
+- huggingface_hub < 1.4: no `EvalResultEntry`, the Hub's `.eval_results/` format (None here: no such files).
 
 May import: nothing in hf_mocose (every layer may import it).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch.distributed as dist
+import huggingface_hub as _hub
 from huggingface_hub import constants as _hub_constants
 from huggingface_hub import errors as _hub_errors
 from sentence_transformers.util import distributed as _st_distributed
@@ -42,6 +44,8 @@ sort_checkpoints = getattr(_trainer_utils, "sort_checkpoints", _sort_checkpoints
 align_special_tokens = getattr(_trainer_utils, "align_special_tokens", lambda model, processing_class: (
     Trainer._align_special_tokens(SimpleNamespace(model=model, processing_class=processing_class))))
 
+EvalResultEntry = getattr(_hub, "EvalResultEntry", None)
+eval_result_entries_to_yaml = getattr(_hub, "eval_result_entries_to_yaml", None)
 RemoteEntryNotFoundError = getattr(_hub_errors, "RemoteEntryNotFoundError", _hub_errors.EntryNotFoundError)
 try:  # errors of a request that never got an answer (no network, refused, timed out)
     from huggingface_hub.utils import httpx

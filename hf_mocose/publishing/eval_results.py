@@ -14,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+import huggingface_hub
+
 logger = logging.getLogger(__name__)
 
 EVAL_RESULTS_DIR = ".eval_results"
@@ -28,8 +30,15 @@ NOTES = ("hf-mocose evaluate on the SentEval copy of the test split: Spearman x1
 
 def eval_result_entries(results: dict, repo_id: str | None = None) -> dict:
     """`{task: EvalResultEntry}` of `read_eval_results`' dict; the source is the model's page when `repo_id` is
-    known. A task scored only as a set-size-weighted mean (`--aggregation wmean`) is left out: it is not MTEB's."""
-    from huggingface_hub import EvalResultEntry
+    known. A task scored only as a set-size-weighted mean (`--aggregation wmean`) is left out: it is not MTEB's.
+    Empty, with one warning, under huggingface_hub < 1.4, which has no `EvalResultEntry` (the card keeps its
+    model-index)."""
+    from ..compat import EvalResultEntry
+    if EvalResultEntry is None:
+        if results["sts"]:
+            logger.warning("huggingface_hub %s has no EvalResultEntry (1.4 added it): no .eval_results files; the "
+                           "card's model-index has the scores.", huggingface_hub.__version__)
+        return {}
     source = {"source_url": f"https://huggingface.co/{repo_id}", "source_name": "Model card (hf-mocose evaluate)"} \
         if repo_id else {}
     entries = {}
@@ -46,7 +55,8 @@ def eval_result_entries(results: dict, repo_id: str | None = None) -> dict:
 def write_eval_results(export_dir: str | os.PathLike, results: dict, repo_id: str | None = None) -> list[Path]:
     """Writes `<export_dir>/.eval_results/hf-mocose-<task>.yaml` for each entry of `eval_result_entries`."""
     import yaml
-    from huggingface_hub import eval_result_entries_to_yaml
+
+    from ..compat import eval_result_entries_to_yaml
     written = []
     for task, entry in eval_result_entries(results, repo_id).items():
         path = Path(export_dir) / EVAL_RESULTS_DIR / f"hf-mocose-{task}.yaml"
