@@ -29,7 +29,7 @@ LAYER_IMPORTS = {
     "metrics": set(),
     "models": {"augmentation"},
     "launch": {"models", "augmentation", "data"},
-    "publishing": {"models", "augmentation", "data", "launch"},
+    "publishing": {"models", "augmentation", "data", "launch", "metrics"},
     "trainer": {"models", "augmentation", "data", "launch", "publishing"},
     "st_loss": {"models", "augmentation", "data", "launch", "publishing"},
     "evaluation": {"models", "augmentation", "data", "metrics"},

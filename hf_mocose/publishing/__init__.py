@@ -10,5 +10,5 @@
 - `hub`: uploads as one commit that deletes the stale files it owns, and what training publishes.
 - `commands`: the `hf-mocose export` and `hf-mocose push` sub-commands.
 
-May import: `models`, `augmentation`, `data`, `launch`. Never the front ends (they import it), evaluation or the CLI.
+May import: `models`, `augmentation`, `data`, `launch`, `metrics`. Never the front ends (they import it), evaluation or the CLI.
 """

@@ -188,14 +188,15 @@ def encode(st_model, run, sentences: list[str], batch_size: int = BENCHMARK_BATC
 
 
 def stsb_spearman(embed, pairs) -> float:
-    """Spearman x100 of the cosine similarities of `pairs` (`StsPairs`) with their gold scores."""
-    from scipy.stats import spearmanr
+    """Spearman x100 of the cosine similarities of `pairs` (`StsPairs`) with their gold scores, rounded to 2 places
+    (`metrics.score_correlation`, as every STS score of the library)."""
+    from ..metrics import score_correlation
     unique = list(dict.fromkeys([*pairs.sentences1, *pairs.sentences2]))
     vectors = embed(unique).astype(np.float64)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
     index = {sentence: row for row, sentence in enumerate(unique)}
     cosines = [vectors[index[a]] @ vectors[index[b]] for a, b in zip(pairs.sentences1, pairs.sentences2)]
-    return round(100 * float(spearmanr(cosines, pairs.scores)[0]), 2)
+    return round(score_correlation(cosines, pairs.scores)["spearman"], 2)
 
 
 def _one_line(err: Exception) -> str:
