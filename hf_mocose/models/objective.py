@@ -1,30 +1,27 @@
 """The training step of every method, shared by both front ends: FGSM, then the loss of a forward, then the enqueue.
 
 `MoCoSETrainer.compute_loss` (a `MoCoSEModel`) and `MoCoSELoss.forward` (any `SentenceTransformer`) run the same
-four lines (`ContrastiveObjective`'s docstring), passing data from one to the next:
+four lines (`ContrastiveObjective`'s docstring):
 
-1. FGSM's delta on the online word embeddings (`perturbation`): "previous" reuses the sign the last backward left
-   (no extra pass), "exact" takes the sign of the loss's gradient on a probe forward of the clean batch.
-2. The front end's forward with that delta (`models.branches.ContrastiveBranches`, not here): queries `(B, D)`
-   from the online branch, keys `(B, D)` from the EMA target (no gradient) or a second dropout view (SimCSE, IFCL,
-   ESimCSE: of the word-repeated positive), optional hard negatives and IFCL's fraternal view.
-3. The loss of its outputs (`__call__`): the negatives (the global batch's other keys, gathered from every process
-   in rank order; the queue with its age windows and IFCL's forgetting weights; UNA's hard negatives), InfoNCE
-   (`info_nce_loss`) plus IFCL's fraternal InfoNCE and Twins loss, and the step metrics (`logged_metrics`).
+1. FGSM (Goodfellow et al.): x' = x + epsilon * sign(grad_x L) on the online word embeddings `(B, L, H)`
+   (`perturbation`). Mode "previous" (the reference code's, free) reuses the sign the last backward left, cropped
+   or zero-filled to this batch's shape; "exact" takes the sign of the loss's gradient on a probe forward of the
+   clean batch; "off". epsilon is "absolute" (the paper's 5e-9, about one float32 ulp of an entry: it rounds away
+   in bf16) or "embedding_rms" (a fraction of the batch's word-embedding RMS, the same for every encoder and
+   precision). More in docs/methods.md.
+2. The front end's forward with that delta (`models.branches`): queries `(B, D)` from the online branch, keys
+   `(B, D)` from the EMA target (no gradient) or a second dropout view, optional hard negatives and IFCL's
+   fraternal view.
+3. The loss of its outputs (`__call__`): InfoNCE (`info_nce_loss`) against the global batch's other keys (gathered
+   in rank order), the queue (age windows, IFCL's forgetting weights) and UNA's hard negatives, plus IFCL's
+   fraternal InfoNCE and Twins loss, and the step metrics (`logged_metrics`).
 4. The enqueue of the step's keys (MoCoSE: target keys; ESimCSE: the momentum encoder's anchors; IFCL: online
    anchors), at the end of the loss's backward pass. Why there: the loss must never see its own keys as
    negatives, and a forward that the backward recomputes (gradient checkpointing) must see the queue the loss
-   saw; both front ends then enqueue at the same point without a hook of their own (the Trainer's
-   `training_step` and sentence-transformers' loss call differ, the autograd engine is the same).
+   saw; both front ends then enqueue at the same point without a hook of their own.
 
-FGSM (Goodfellow et al.): x' = x + epsilon * sign(grad_x L) on the online word embeddings `(B, L, H)`.
-epsilon is "absolute" (the paper's 5e-9, about one float32 ulp of an entry: it rounds away in bf16) or
-"embedding_rms" (a fraction of the batch's word-embedding RMS, the same for every encoder and precision).
-Mode "previous" (the reference code's, free) reuses the sign the last backward left, cropped or zero-filled
-to this batch's shape; "exact" pays one probe forward/backward; "off". More in docs/methods.md.
-
-The EMA update of the target runs after the optimizer step, in `hf_mocose.models.ema`.
-Read one step in this order: this module, `branches.py` (the forward), `queue.py`, `ema.py`.
+The EMA update of the target runs after the optimizer step (`models.ema`). Read one step in this order: this
+module, `branches.py` (the forward), `queue.py`, `ema.py`.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ from .queue import KeyQueue
 # Each process's FGSM "previous" sign in a checkpoint folder, written and read by both front ends.
 FGSM_STATE_FILE = "fgsm_rank{rank}.pt"
 
+
 class FGSMPerturbation:
     """The FGSM settings (`fgsm_mode`, `fgsm_epsilon`, `fgsm_views`, `fgsm_epsilon_unit`, checked by
     `models.settings.validate_settings`) and, for mode "previous", the sign of the last gradient."""
@@ -67,13 +65,6 @@ class FGSMPerturbation:
         return self.epsilon if self.epsilon_unit == "absolute" else (
             self.epsilon * word_embeddings.detach().float().pow(2).mean().sqrt())
 
-    def step(self, gradient: Tensor, word_embeddings: Tensor | None = None) -> Tensor:
-        """`(B, L, H)` -> step * sign(gradient); `word_embeddings` `(B, L, H)` set the step for "embedding_rms"."""
-        if self.epsilon_unit != "absolute" and word_embeddings is None:
-            raise ValueError("fgsm_epsilon_unit='embedding_rms' needs the word embeddings to scale the step.")
-        size = self.epsilon if word_embeddings is None else self.step_size(word_embeddings)
-        return size * torch.sign(gradient)
-
     def previous_perturbation(self, word_embeddings_shape: torch.Size) -> Tensor | None:
         """The "previous" perturbation `(B, L, H)` for embeddings of this shape, or None (first step).
 
@@ -81,13 +72,9 @@ class FGSMPerturbation:
         to other sentences anyway (the reference code reuses the previous batch's), so only the shape must fit."""
         if self.mode != "previous" or self.last_gradient_sign is None:
             return None
-        sign = self.last_gradient_sign
-        if sign.shape != word_embeddings_shape:
-            fitted = sign.new_zeros(word_embeddings_shape)
-            rows, length = min(sign.shape[0], fitted.shape[0]), min(sign.shape[1], fitted.shape[1])
-            fitted[:rows, :length] = sign[:rows, :length]
-            sign = fitted
-        return self.last_step_size * sign
+        rows, length = word_embeddings_shape[:2]
+        sign = self.last_gradient_sign[:rows, :length]
+        return self.last_step_size * F.pad(sign, (0, 0, 0, length - sign.shape[1], 0, rows - sign.shape[0]))
 
     def track(self, word_embeddings: Tensor, gradient_at: Tensor | None = None) -> None:
         """Keeps the sign of the gradient the coming backward leaves on `word_embeddings` `(B, L, H)` (mode
@@ -194,12 +181,12 @@ class ContrastiveObjective:
             return self.fgsm.previous_perturbation(embedding_shape)
         if self.fgsm.mode == "exact":
             (gradient,) = torch.autograd.grad(self.loss(probe, queue)[0].loss, probe.fgsm_gradient_at)
-            return self.fgsm.step(gradient, probe.fgsm_gradient_at)
+            return self.fgsm.step_size(probe.fgsm_gradient_at) * torch.sign(gradient)
         return None
 
     def __call__(self, outputs: MoCoSEOutput, queue: KeyQueue | None, training: bool = True) -> ContrastiveLossOutput:
         """The loss of a forward's `outputs`; in training also FGSM's tracking, the step metrics and, at the end of
-        the loss's backward, the enqueue of the step's keys (module docstring, 5)."""
+        the loss's backward, the enqueue of the step's keys (module docstring, 4)."""
         if not training:
             return self.loss(outputs, queue)[0]
         self.fgsm.track(outputs.word_embeddings, gradient_at=outputs.fgsm_gradient_at)
