@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .heads import HEAD_INITS
-from .pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
+from .pooling import SENTENCE_POOLING_MODES
 
 METHODS = ("mocose", "simcse", "ifcl", "esimcse")
 # What the EMA target shares with the online encoder: its word embeddings only (hf-mocose's default), or
@@ -185,13 +185,17 @@ def _get(values: dict[str, Any], name: str) -> Any:
     return values.get(name, SETTINGS[name].default)
 
 
+def _choice(values: dict[str, Any], name: str, choices: tuple[str, ...]) -> str:
+    if (value := _get(values, name)) not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; choose one of {', '.join(choices)}.")
+    return value
+
+
 def validate_settings(values: dict[str, Any]) -> None:
     """Raises a `ValueError` naming the offending value for any impossible method setting in `values`
     (settings it leaves out are taken at their defaults)."""
-    method = _get(values, "method")
-    if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-    check_sentence_pooling(_get(values, "sentence_pooling"))
+    method = _choice(values, "method", METHODS)
+    _choice(values, "sentence_pooling", SENTENCE_POOLING_MODES)
     temperature = _get(values, "contrastive_temperature")
     if not temperature > 0:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")
@@ -221,15 +225,10 @@ def validate_settings(values: dict[str, Any]) -> None:
         if values.get("projection_layers", 1) == 0:
             raise ValueError(f"projection_dim={projection_dim} needs projection_layers >= 1: the last projection "
                              "Linear sets the key width (with no projection the keys keep the encoder's width).")
-    shared = _get(values, "shared_embeddings")
-    if shared not in SHARED_EMBEDDINGS:
-        raise ValueError(f"Unknown shared_embeddings {shared!r}; choose one of {', '.join(SHARED_EMBEDDINGS)}.")
-    if shared != "word" and method != "mocose":
+    if (shared := _choice(values, "shared_embeddings", SHARED_EMBEDDINGS)) != "word" and method != "mocose":
         raise ValueError(f"shared_embeddings={shared!r} concerns the EMA target branch, which only method='mocose' "
                          f"has (got method={method!r}).")
-    head_init = _get(values, "head_init")
-    if head_init not in HEAD_INITS:
-        raise ValueError(f"Unknown head_init {head_init!r}; choose one of {', '.join(HEAD_INITS)}.")
+    _choice(values, "head_init", HEAD_INITS)
     if not 0 <= _get(values, "head_dropout") < 1:
         raise ValueError(f"head_dropout must be in [0, 1), got {values['head_dropout']!r}.")
     encoder_dropout = values.get("encoder_dropout")
@@ -241,11 +240,7 @@ def validate_settings(values: dict[str, Any]) -> None:
     max_len = _get(values, "max_seq_length")
     if max_len is not None and max_len < 2:
         raise ValueError(f"max_seq_length must be >= 2, got {max_len!r}.")
-    _validate_training_settings(values)
-
-
-def _validate_training_settings(values: dict[str, Any]) -> None:
-    """The EMA schedule, FGSM and the heads' learning rate (settings of the training run, not of the model)."""
+    # The settings of the training run, not of the model: the EMA schedule, FGSM and the heads' learning rate.
     for name in ("ema_decay_start", "ema_decay_end"):
         if not 0.0 <= _get(values, name) <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {values[name]!r}.")
@@ -255,8 +250,7 @@ def _validate_training_settings(values: dict[str, Any]) -> None:
                          f"run length), got {horizon!r}.")
     for name, choices in (("fgsm_mode", FGSM_MODES), ("fgsm_views", FGSM_VIEWS),
                           ("fgsm_epsilon_unit", FGSM_EPSILON_UNITS)):
-        if _get(values, name) not in choices:
-            raise ValueError(f"Unknown {name} {values[name]!r}; choose one of {', '.join(choices)}.")
+        _choice(values, name, choices)
     if _get(values, "fgsm_epsilon") < 0:
         raise ValueError(f"fgsm_epsilon must be >= 0, got {values['fgsm_epsilon']!r}.")
     if not 0.0 <= _get(values, "ifcl_forgetting") < 1.0:
