@@ -2,12 +2,10 @@
 
 `import hf_mocose` loads neither torch nor transformers (`hf-mocose mtd` is arithmetic), yet after it
 `AutoConfig.from_pretrained`, `AutoModel.from_pretrained` and `SentenceTransformer(...)` load a MoCoSE
-checkpoint, whichever is imported first:
-- transformers' auto modules already loaded: `configuration.py` and `modeling.py` are imported now (each
-  registers its class when it runs);
-- not yet: a finder at the front of `sys.meta_path` waits for `transformers.models.auto.configuration_auto` and
-  `...modeling_auto` and imports ours right after each has run, then steps aside. It finds nothing itself:
-  the import system's own path finder does, and only the loader's `exec_module` is followed by ours.
+checkpoint, whichever is imported first: if transformers' auto modules are loaded, `configuration.py` and
+`modeling.py` are imported now (each registers its class when it runs); if not, a finder at the front of
+`sys.meta_path` imports ours right after each auto module has run, then steps aside. It finds nothing itself:
+the import system's own path finder does, and only the loader's `exec_module` is followed by ours.
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@
 The positive is the anchor itself unless the batch gives one (a paraphrase, ESimCSE's word-repeated copy); the
 key sees FGSM's delta only when it reads the anchor itself and `perturb_target` is set.
 
-`ContrastiveBranches.build` makes a method's heads, EMA target and queue; the front end keeps them under its own
-names (`MoCoSEModel`: `online_pooler`, `predictor`, ..., the names of its saved weights; `MoCoSELoss`:
-`online_head`, `target_head`, the names in its checkpoint state) and supplies its encoders (`Encoders`): the
-transformers encoder reading word embeddings (`MoCoSEModel`), or a `SentenceTransformer` with FGSM's delta added
-by a hook on its word embeddings (`MoCoSELoss`). Everything between the encoders and the loss is here.
+`ContrastiveBranches.build` makes a method's heads, EMA target and queue, which each front end keeps under the
+names of its saved state, and the front end supplies its `Encoders`: transformers encoders reading word embeddings
+(`MoCoSEModel`), or a `SentenceTransformer` whose word embeddings a hook perturbs (`MoCoSELoss`).
 """
 
 from __future__ import annotations
@@ -125,7 +123,7 @@ class ContrastiveBranches:
     # ----------------------------------------------------------------- modules
     def online_heads(self) -> list[nn.Module]:
         """Pooler, projection and (MoCoSE) predictor: the online heads the optimizer trains beside the encoder."""
-        return [self.pooler, self.projection, *([self.predictor] if self.predictor is not None else [])]
+        return [m for m in (self.pooler, self.projection, self.predictor) if m is not None]
 
     def target_modules(self) -> list[nn.Module]:
         """The target encoder and its heads (MoCoSE), or the momentum encoder alone (ESimCSE); [] without a target."""
@@ -141,9 +139,7 @@ class ContrastiveBranches:
 
     def ema_parameter_pairs(self, online_encoder: nn.Module, skip=()) -> EMATensorPairs:
         """Online tensors (encoder, pooler, projection) and their target copies, for `EMATargetCallback`; `skip`:
-        online tensors the target does not average (e.g. word embeddings it shares)."""
-        if self.target_encoder is None:
-            return EMATensorPairs([], [], [], [])
+        online tensors the target does not average (e.g. word embeddings it shares); none without a target."""
         return ema_tensor_pairs(zip((online_encoder, self.pooler, self.projection), self.target_modules()), skip=skip)
 
     # ----------------------------------------------------------------- forward

@@ -1,17 +1,15 @@
 """`MoCoSEModel`: the online and target branches, their heads and the key queue, in one `PreTrainedModel`.
 
-Layout (method "mocose"):
+Layout (method "mocose"; [CLS] is the masked mean of the token states instead for `sentence_pooling="mean"`):
 
-    online:  word embeddings (+ FGSM delta) -> online_encoder -> [CLS] -> online_pooler -> online_projection -> predictor = query
+    online:  word embeddings (+ FGSM delta) -> online_encoder -> [CLS] -> online_pooler -> online_projection
+             -> predictor = query
     target:  same word embeddings (detached) -> target_encoder -> [CLS] -> target_pooler -> target_projection = key
 
-([CLS] is the masked mean of the token states instead when `sentence_pooling="mean"`.)
-
-The target branch is an EMA copy of the online one (`EMATargetCallback`, after each optimizer step) whose
-word embeddings are the online ones: its encoder keeps a 1-row placeholder table and reads `inputs_embeds`.
-With `shared_embeddings="module"` (the paper's Figure 2; the paper recipes) the rest of the embedding module
-is copied from the online encoder after every step instead of averaged. The queue and the target are
-persistent state, so `save_pretrained` / `from_pretrained` restore a run exactly.
+The target branch is an EMA copy of the online one (`EMATargetCallback`) that reads the online word embeddings
+(its encoder keeps a 1-row placeholder table); with `shared_embeddings="module"` (the paper's Figure 2) the rest
+of the embedding module is copied after every step instead of averaged. The queue and the target are persistent
+state, so `save_pretrained` / `from_pretrained` restore a run exactly.
 """
 
 from __future__ import annotations

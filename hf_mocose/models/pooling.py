@@ -7,6 +7,8 @@ The token pooling itself is sentence-transformers' `Pooling`, the module the exp
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -20,16 +22,13 @@ def check_sentence_pooling(mode: str) -> str:
     return mode
 
 
-_TOKEN_POOLING: dict[str, nn.Module] = {}  # "cls" / "mean" -> sentence-transformers' Pooling (no weights)
-
-
+@functools.cache
 def _token_pooling(mode: str) -> nn.Module:
-    if mode not in _TOKEN_POOLING:
-        # Imported here: the config imports this module, and `import hf_mocose` must stay light.
-        from sentence_transformers.sentence_transformer.modules import Pooling
+    """Sentence-transformers' `Pooling` of mode "cls" or "mean" (no weights), one per mode."""
+    # Imported here: the config imports this module, and `import hf_mocose` must stay light.
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
-        _TOKEN_POOLING[mode] = Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
-    return _TOKEN_POOLING[mode]
+    return Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
 
 
 def pool_sentence_embedding(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str,
