@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -31,10 +32,8 @@ def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None)
     from sentence_transformers.sentence_transformer.modules import Transformer
     from sentence_transformers.util import load_file_path
     try:
-        if (modules_file := load_file_path(name_or_path, "modules.json")) is None:
-            return None
-        with open(modules_file, encoding="utf-8") as handle:
-            modules = json.load(handle)
+        modules_file = load_file_path(name_or_path, "modules.json")
+        modules = json.loads(Path(modules_file).read_text(encoding="utf-8")) if modules_file else []
         subfolder = next((m.get("path", "") for m in modules if m.get("type", "").endswith("Transformer")), None)
         if subfolder is None:
             return None
@@ -43,8 +42,7 @@ def sentence_transformers_max_seq_length(name_or_path: str | os.PathLike | None)
         if (length := module_config.get("max_seq_length") or tokenizer_kwargs.get("model_max_length")) is None:
             tokenizer_file = load_file_path(name_or_path, "tokenizer_config.json", subfolder=subfolder)
             if tokenizer_file is not None:
-                with open(tokenizer_file, encoding="utf-8") as handle:
-                    length = json.load(handle).get("model_max_length")
+                length = json.loads(Path(tokenizer_file).read_text(encoding="utf-8")).get("model_max_length")
     except Exception as err:  # unreachable or malformed: the caller falls back to the position limit
         logger.warning("Could not read the sentence-transformers settings of %r (%s).", name_or_path, err)
         return None
