@@ -15,8 +15,6 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .settings import MODEL_SETTINGS, describe, take_settings, with_keywords
 
-# The hyper-parameters that shape the model or its loss: `MoCoSEConfig` fields, and training arguments
-# of the same names (a fresh model takes them from `MoCoSETrainingArguments.model_config_kwargs`).
 MODEL_CONFIG_FIELDS = tuple(setting.name for setting in MODEL_SETTINGS)
 
 

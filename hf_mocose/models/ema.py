@@ -102,14 +102,13 @@ def ema_decay_range(start: float, end: float, horizon: int | None, max_steps: in
 
 
 class EMATargetCallback(TrainerCallback):
-    """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step.
+    """theta_target <- eta * theta_target + (1 - eta) * theta_online after every optimizer step: one fused
+    `torch._foreach_lerp_` over the parameters, buffers copied, eta = `ema_decay_at(global_step)`.
 
-    One fused `torch._foreach_lerp_` over the parameters, buffers copied, eta = `ema_decay_at(global_step)`.
-    The pairs are read again at `on_train_begin`, after `accelerator.prepare()` (FSDP2 puts `DTensor`s in place).
-    `model` names the pairs with `ema_parameter_pairs()` (the unwrapped `MoCoSEModel`, or a `MoCoSELoss`);
-    `decay_start`/`decay_end`: eta at the first step and at the end of the ramp, which takes `horizon` optimizer
-    steps (None: the run's `max_steps`). `pairs` holds the `EMATensorPairs` last collected, `last_decay` the decay
-    of the last update (or None)."""
+    `model` (the unwrapped `MoCoSEModel`, or a `MoCoSELoss`) names the pairs with `ema_parameter_pairs()`, read
+    again at `on_train_begin`, after `accelerator.prepare()` (FSDP2 puts `DTensor`s in place). `decay_start` /
+    `decay_end`: eta at the first step and at the end of the ramp of `horizon` optimizer steps (None: the run's
+    `max_steps`). `pairs`: the `EMATensorPairs` last collected; `last_decay`: the last update's decay (or None)."""
 
     def __init__(self, model, decay_start: float = 0.75, decay_end: float = 0.95, horizon: int | None = None):
         self.decay_start, self.decay_end, self.horizon = decay_start, decay_end, horizon

@@ -44,7 +44,6 @@ class MoCoSEModel(PreTrainedModel):
 
     config_class = MoCoSEConfig
     base_model_prefix = "mocose"
-    main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     # forward() takes no **kwargs, so the Trainer scales the loss for gradient accumulation itself.
     accepts_loss_kwargs = False
