@@ -189,7 +189,8 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
                 logger.info("resume_from_checkpoint=last: resuming from %s, the newest complete checkpoint.", folder)
                 return str(folder)
             logger.warning("resume_from_checkpoint=last: skipped %s, it is incomplete: %s.", folder.name, "; ".join(problems))
-        logger.warning("resume_from_checkpoint=last: no complete checkpoint in %s, training from the start.", output_dir)
+        logger.warning("resume_from_checkpoint=last: no complete checkpoint in %s, training from the start.",
+                       output_dir)
         return None
     folder = Path(value)
     if not folder.is_dir():
@@ -266,7 +267,8 @@ def _flat_config(config: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in config.items():
         if key not in _CONFIG_NOISE:
-            flat.update(_flat_config(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+            flat.update(_flat_config(value, f"{prefix}{key}.") if isinstance(value, dict)
+                        else {f"{prefix}{key}": value})
     return flat
 
 

@@ -145,8 +145,7 @@ def deepspeed_config_settings(config) -> tuple[int, str | None]:
             return ZERO_STAGE_UNKNOWN, None
     stage = (config.get("zero_optimization") or {}).get("stage", 0)
     stage = int(stage) if str(stage).isdigit() else ZERO_STAGE_UNKNOWN
-    enabled = [name for name in ("bf16", "fp16") if (config.get(name) or {}).get("enabled") is True]
-    return stage, (enabled[0] if enabled else None)
+    return stage, next((name for name in ("bf16", "fp16") if (config.get(name) or {}).get("enabled") is True), None)
 
 
 def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
