@@ -129,9 +129,8 @@ def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
 def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args: MoCoSETrainingArguments):
     """`bf16: auto`: bf16 autocast where training runs on a GPU or CPU with native bf16 (`choose_auto_bf16`), fp32
     elsewhere; says which in one line. Returns the (re-parsed, when bf16 is chosen) argument dataclasses."""
-    zero_stage = launch_sharding(training_args)[1]
     device = training_args.device
-    chosen, why = choose_auto_bf16(device, deepspeed=zero_stage is not None)
+    chosen, why = choose_auto_bf16(device, deepspeed=launch_sharding(training_args)[1] is not None)
     if training_args.process_index == 0:
         print(f"bf16: auto -> {'bf16 autocast' if chosen else 'fp32'}: {why}. --bf16 true/false decides instead.")
     if not chosen:
@@ -229,11 +228,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         if unknown := sorted(set(recipe) - {action.dest for action in parser._actions}):
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
     auto_bf16 = _take_auto_bf16(argv, recipe)
-    if recipe:
-        for action in parser._actions:
-            if action.dest in recipe:
-                action.required = False
-        parser.set_defaults(**recipe)
+    for action in parser._actions:
+        if action.dest in recipe:
+            action.required = False
+    parser.set_defaults(**recipe)
     if "--help_all" in argv:
         argv = ["--help"]
     elif "-h" in argv or "--help" in argv:
@@ -352,9 +350,8 @@ def main(argv: list[str] | None = None) -> str:
     else:
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
-        export_dir = None
-        if script_args.export_sentence_transformers:
-            export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+        export_dir = (publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+                      if script_args.export_sentence_transformers else None)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:
