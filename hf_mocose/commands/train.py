@@ -112,8 +112,7 @@ def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) 
 def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
     """Whether precision is left to `auto` (`bf16: auto` in the recipe, or `--bf16 auto`); takes the `auto` out of
     both. The user's own `--bf16 true/false`, or `--fp16 true`, wins over a recipe's `auto`."""
-    auto = str(recipe.get("bf16")).lower() == AUTO
-    if auto:
+    if auto := str(recipe.get("bf16")).lower() == AUTO:
         del recipe["bf16"]
     for i, arg in enumerate(argv):
         name, equals, value = arg.partition("=")
