@@ -254,15 +254,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     return script_args, training_args
 
 
-def check_run_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
-    """`launch.preflight.check_run` at this launch's global batch, before anything is loaded (`MoCoSETrainer` checks
-    again with the model's own settings, which a MoCoSE checkpoint keeps)."""
-    if not is_mocose_checkpoint(model_name_or_path):
-        check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
-                  target_mtd=args.target_mtd, max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
-                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
-
-
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
     """Checks `stsb_dev_file`; turns evaluation off (saying so) when it is absent and allowed to be."""
     path = args.stsb_dev_file
@@ -299,7 +290,12 @@ def main(argv: list[str] | None = None) -> str:
     logging.getLogger("hf_mocose").setLevel(logging.INFO)
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
-    check_run_before_loading(args, script_args.model_name_or_path)
+    # check_run at this launch's global batch before anything loads; a MoCoSE checkpoint keeps its own settings,
+    # which MoCoSETrainer checks.
+    if not is_mocose_checkpoint(script_args.model_name_or_path):
+        check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
+                  target_mtd=args.target_mtd, max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
+                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
     preflight(args, args.resume_from_checkpoint, text_file=script_args.train_file)  # before the model loads
