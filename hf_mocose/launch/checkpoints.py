@@ -219,8 +219,7 @@ def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: in
 
 def remove_temporary_files(folder: str | os.PathLike) -> list[Path]:
     """Deletes the `.tmp*` files an interrupted save left in `folder` (before saving into it again)."""
-    folder = Path(folder)
-    stale = sorted(folder.glob(f"{TEMPORARY_FILE_PREFIX}*")) if folder.is_dir() else []
+    stale = sorted(Path(folder).glob(f"{TEMPORARY_FILE_PREFIX}*"))  # none in a missing folder
     for path in stale:
         logger.warning("Removing %s, left by an interrupted save.", path)
         path.unlink(missing_ok=True)
