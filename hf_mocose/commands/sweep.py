@@ -66,8 +66,7 @@ def load_sweep(path: str | Path, output_root: str | Path) -> tuple[str, str, lis
     if "runs" in spec:
         entries = [dict(run or {}) for run in spec["runs"]]
     else:
-        keys = list(spec["grid"])
-        entries = [dict(zip(keys, values)) for values in itertools.product(*(spec["grid"][k] for k in keys))]
+        entries = [dict(zip(spec["grid"], values)) for values in itertools.product(*spec["grid"].values())]
     runs = []
     for index, entry in enumerate(entries):
         run_name = str(entry.pop("name", None) or "-".join(f"{k}={_flag_value(v)}" for k, v in entry.items()) or f"run{index}")
@@ -92,14 +91,12 @@ def collect_results(run: SweepRun, senteval_dir: str | None, tasks: list[str] | 
 
 def results_table(runs: list[SweepRun]) -> str:
     """Markdown: one row per run, its overrides and its STS Spearman (x100) per task, plus Avg."""
-    columns = [c for c in STS_COLUMNS if any(c in run.results for run in runs)]
-    has_avg = any("avg" in run.results for run in runs)
-    header = ["run", "overrides", *columns, *(["Avg."] if has_avg else [])]
+    columns = [c for c in (*STS_COLUMNS, "avg") if any(c in run.results for run in runs)]
+    header = ["run", "overrides", *("Avg." if c == "avg" else c for c in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
-        cells = [f"{run.results[c]['spearman']:.2f}" if c in run.results else "-" for c in columns]
-        if has_avg:
-            cells.append(f"{run.results['avg']:.2f}" if "avg" in run.results else "-")
+        scores = {c: r if c == "avg" else r["spearman"] for c, r in run.results.items() if c in columns}
+        cells = [f"{scores[c]:.2f}" if c in scores else "-" for c in columns]
         overrides = ", ".join(f"{k}={_flag_value(v)}" for k, v in run.overrides.items())
         lines.append("| " + " | ".join([run.name, overrides, *cells]) + " |")
     return "\n".join(lines)

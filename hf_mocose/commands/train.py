@@ -112,8 +112,7 @@ def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) 
 def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
     """Whether precision is left to `auto` (`bf16: auto` in the recipe, or `--bf16 auto`); takes the `auto` out of
     both. The user's own `--bf16 true/false`, or `--fp16 true`, wins over a recipe's `auto`."""
-    auto = str(recipe.get("bf16")).lower() == AUTO
-    if auto:
+    if auto := str(recipe.get("bf16")).lower() == AUTO:
         del recipe["bf16"]
     for i, arg in enumerate(argv):
         name, equals, value = arg.partition("=")
@@ -129,9 +128,8 @@ def _take_auto_bf16(argv: list[str], recipe: dict) -> bool:
 def _resolve_auto_bf16(parser: HfArgumentParser, argv: list[str], training_args: MoCoSETrainingArguments):
     """`bf16: auto`: bf16 autocast where training runs on a GPU or CPU with native bf16 (`choose_auto_bf16`), fp32
     elsewhere; says which in one line. Returns the (re-parsed, when bf16 is chosen) argument dataclasses."""
-    zero_stage = launch_sharding(training_args)[1]
     device = training_args.device
-    chosen, why = choose_auto_bf16(device, deepspeed=zero_stage is not None)
+    chosen, why = choose_auto_bf16(device, deepspeed=launch_sharding(training_args)[1] is not None)
     if training_args.process_index == 0:
         print(f"bf16: auto -> {'bf16 autocast' if chosen else 'fp32'}: {why}. --bf16 true/false decides instead.")
     if not chosen:
@@ -229,11 +227,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         if unknown := sorted(set(recipe) - {action.dest for action in parser._actions}):
             raise ValueError(f"Unknown field(s) in {recipe_path}: {', '.join(unknown)}.")
     auto_bf16 = _take_auto_bf16(argv, recipe)
-    if recipe:
-        for action in parser._actions:
-            if action.dest in recipe:
-                action.required = False
-        parser.set_defaults(**recipe)
+    for action in parser._actions:
+        if action.dest in recipe:
+            action.required = False
+    parser.set_defaults(**recipe)
     if "--help_all" in argv:
         argv = ["--help"]
     elif "-h" in argv or "--help" in argv:
@@ -255,15 +252,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
         if script_args.fraternal_model_name_or_path is None:
             raise ValueError("fraternal_column needs fraternal_model_name_or_path (the model that embeds that text).")
     return script_args, training_args
-
-
-def check_run_before_loading(args: MoCoSETrainingArguments, model_name_or_path: str) -> None:
-    """`launch.preflight.check_run` at this launch's global batch, before anything is loaded (`MoCoSETrainer` checks
-    again with the model's own settings, which a MoCoSE checkpoint keeps)."""
-    if not is_mocose_checkpoint(model_name_or_path):
-        check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
-                  target_mtd=args.target_mtd, max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
-                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
 
 
 def _resolve_stsb_dev(args: MoCoSETrainingArguments) -> str | None:
@@ -302,7 +290,12 @@ def main(argv: list[str] | None = None) -> str:
     logging.getLogger("hf_mocose").setLevel(logging.INFO)
     refuse_sharded_launch(args)
     refuse_one_process_of_several()
-    check_run_before_loading(args, script_args.model_name_or_path)
+    # check_run at this launch's global batch before anything loads; a MoCoSE checkpoint keeps its own settings,
+    # which MoCoSETrainer checks.
+    if not is_mocose_checkpoint(script_args.model_name_or_path):
+        check_run(vars(args), args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps,
+                  target_mtd=args.target_mtd, max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
+                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
     preflight(args, args.resume_from_checkpoint, text_file=script_args.train_file)  # before the model loads
@@ -352,9 +345,8 @@ def main(argv: list[str] | None = None) -> str:
     else:
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
-        export_dir = None
-        if script_args.export_sentence_transformers:
-            export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+        export_dir = (publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+                      if script_args.export_sentence_transformers else None)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:

@@ -25,6 +25,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from ..compat import sort_checkpoints
+from ..models.configuration import MODEL_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ def _weights_files(folder: Path) -> list[Path] | None:
 
 def weights_problems(folder: str | os.PathLike) -> list[str]:
     """What is wrong with the model weights of `folder` (empty when they are whole)."""
-    folder = Path(folder)
-    if (files := _weights_files(folder)) is None:
+    if (files := _weights_files(Path(folder))) is None:
         return [f"no {SAFE_WEIGHTS_NAME}"]
     return [problem for problem in map(safetensors_problem, files) if problem]
 
@@ -152,12 +152,9 @@ def checkpoint_problems(folder: str | os.PathLike, model_only: bool = False) -> 
 def newest_complete_checkpoint(output_dir: str | os.PathLike, before_step: int | None = None,
                                model_only: bool = False) -> Path | None:
     """The complete `checkpoint-N` of `output_dir` with the highest N (below `before_step` if given)."""
-    for folder in reversed(list_checkpoints(output_dir)):
-        if before_step is not None and checkpoint_step(folder) >= before_step:
-            continue
-        if not checkpoint_problems(folder, model_only):
-            return folder
-    return None
+    return next((folder for folder in reversed(list_checkpoints(output_dir))
+                 if (before_step is None or checkpoint_step(folder) < before_step)
+                 and not checkpoint_problems(folder, model_only)), None)
 
 
 def previous_checkpoint_hint(folder: str | os.PathLike, action: str = "resume from") -> str:
@@ -187,19 +184,14 @@ def resolve_resume_checkpoint(value, output_dir: str | os.PathLike, *, model_onl
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in NO_CHECKPOINT_VALUES):
         return None
     if value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES:
-        chosen, skipped = None, []
         for folder in reversed(list_checkpoints(output_dir)):
             if not (problems := checkpoint_problems(folder, model_only)):
-                chosen = folder
-                break
-            skipped.append((folder, problems))
-        for folder, problems in skipped:
+                logger.info("resume_from_checkpoint=last: resuming from %s, the newest complete checkpoint.", folder)
+                return str(folder)
             logger.warning("resume_from_checkpoint=last: skipped %s, it is incomplete: %s.", folder.name, "; ".join(problems))
-        if chosen is None:
-            logger.warning("resume_from_checkpoint=last: no complete checkpoint in %s, training from the start.", output_dir)
-            return None
-        logger.info("resume_from_checkpoint=last: resuming from %s, the newest complete checkpoint.", chosen)
-        return str(chosen)
+        logger.warning("resume_from_checkpoint=last: no complete checkpoint in %s, training from the start.",
+                       output_dir)
+        return None
     folder = Path(value)
     if not folder.is_dir():
         newest = newest_complete_checkpoint(output_dir, model_only=model_only)
@@ -217,8 +209,7 @@ def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: in
     them again, and would carry their leftover files in); returns them. Finished checkpoints are never touched."""
     removed = []
     for folder in list_checkpoints(output_dir):
-        problems = interrupted_save_problems(folder) if checkpoint_step(folder) > after_step else []
-        if problems:
+        if checkpoint_step(folder) > after_step and (problems := interrupted_save_problems(folder)):
             logger.warning("Removing %s, whose save never finished (%s): this run goes on from step %d and saves "
                            "that step anew.", folder, "; ".join(problems), after_step)
             shutil.rmtree(folder, ignore_errors=True)
@@ -228,8 +219,7 @@ def remove_interrupted_checkpoints(output_dir: str | os.PathLike, after_step: in
 
 def remove_temporary_files(folder: str | os.PathLike) -> list[Path]:
     """Deletes the `.tmp*` files an interrupted save left in `folder` (before saving into it again)."""
-    folder = Path(folder)
-    stale = sorted(folder.glob(f"{TEMPORARY_FILE_PREFIX}*")) if folder.is_dir() else []
+    stale = sorted(Path(folder).glob(f"{TEMPORARY_FILE_PREFIX}*"))  # none in a missing folder
     for path in stale:
         logger.warning("Removing %s, left by an interrupted save.", path)
         path.unlink(missing_ok=True)
@@ -272,14 +262,12 @@ class RecordTrainBatchSize(TrainerCallback):
 
 
 def _flat_config(config: dict, prefix: str = "") -> dict:
+    """`config` without `_CONFIG_NOISE`, its nested dicts flattened to dotted keys (`encoder_config.hidden_size`)."""
     flat = {}
     for key, value in config.items():
-        if key in _CONFIG_NOISE:
-            continue
-        if isinstance(value, dict):
-            flat.update(_flat_config(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
+        if key not in _CONFIG_NOISE:
+            flat.update(_flat_config(value, f"{prefix}{key}.") if isinstance(value, dict)
+                        else {f"{prefix}{key}": value})
     return flat
 
 
@@ -302,7 +290,6 @@ def weights_fingerprint(model):
 
 def _model_fields(config) -> dict:
     """The config entries that describe the model: MoCoSE's own fields and its encoder's (flattened)."""
-    from ..models.configuration import MODEL_CONFIG_FIELDS
     flat = _flat_config(config.to_dict())
     return {k: v for k, v in flat.items()
             if k in MODEL_CONFIG_FIELDS or k == "fraternal_vocab_size" or k.startswith("encoder_config.")}
@@ -311,7 +298,6 @@ def _model_fields(config) -> dict:
 def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
     """Refuses a checkpoint of another model (weights that do not fit `model`, another encoder type or method),
     naming what differs; returns the other `MODEL_CONFIG_FIELDS` that differ, `{field: (checkpoint, model)}`."""
-    from ..models.configuration import MODEL_CONFIG_FIELDS
     checkpoint = Path(checkpoint)
     # Read back through the config class, so that defaults left out of config.json compare equal.
     saved = _model_fields(type(model.config).from_pretrained(checkpoint))

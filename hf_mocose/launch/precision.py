@@ -45,11 +45,8 @@ def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
         enabled = torch.is_autocast_enabled(device_type)
         recording.state = AutocastState(device_type, torch.get_autocast_dtype(device_type) if enabled else None)
 
-    handle = module.register_forward_pre_hook(hook)
-    try:
+    with module.register_forward_pre_hook(hook):  # the handle removes the hook on leaving
         yield recording
-    finally:
-        handle.remove()
 
 
 def cpu_has_native_bf16() -> bool:

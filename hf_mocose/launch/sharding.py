@@ -145,8 +145,7 @@ def deepspeed_config_settings(config) -> tuple[int, str | None]:
             return ZERO_STAGE_UNKNOWN, None
     stage = (config.get("zero_optimization") or {}).get("stage", 0)
     stage = int(stage) if str(stage).isdigit() else ZERO_STAGE_UNKNOWN
-    enabled = [name for name in ("bf16", "fp16") if (config.get(name) or {}).get("enabled") is True]
-    return stage, (enabled[0] if enabled else None)
+    return stage, next((name for name in ("bf16", "fp16") if (config.get(name) or {}).get("enabled") is True), None)
 
 
 def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
@@ -163,14 +162,13 @@ def launch_sharding(args=None) -> tuple[int | None, int | None, str]:
     ds_config = getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
     ds_config = None if ds_config == "none" else ds_config  # accelerate's word for no file
     stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-    if ds_config or stage is not None or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-        if ds_config:  # the file's stage wins over accelerate's zero_stage, as in accelerate's DeepSpeedPlugin
-            zero_stage, stated_precision = deepspeed_config_settings(ds_config)
-            if mixed_precision not in MIXED_PRECISIONS and stated_precision:
-                mixed_precision = stated_precision
-        else:
-            stage = stage or "2"  # accelerate's DeepSpeedPlugin default
-            zero_stage = int(stage) if stage.isdigit() else ZERO_STAGE_UNKNOWN
+    if ds_config:  # the file's stage wins over accelerate's zero_stage, as in accelerate's DeepSpeedPlugin
+        zero_stage, stated_precision = deepspeed_config_settings(ds_config)
+        if mixed_precision not in MIXED_PRECISIONS and stated_precision:
+            mixed_precision = stated_precision
+    elif stage is not None or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+        stage = stage or "2"  # accelerate's DeepSpeedPlugin default
+        zero_stage = int(stage) if stage.isdigit() else ZERO_STAGE_UNKNOWN
     return fsdp_version, zero_stage, str(mixed_precision)
 
 
