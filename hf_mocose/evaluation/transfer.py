@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from hf_mocose.data.sts_files import read_lines
+from hf_mocose.data.sts_files import read_lines, require_senteval_file
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")  # SentEval paper column order
 TRANSFER_FILES: dict[str, tuple[str, ...]] = {
@@ -47,9 +47,7 @@ def transfer_task_files(senteval_dir: str | Path, task: str) -> list[Path]:
 
 
 def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing SentEval file {path}; {TRANSFER_LAYOUT_HELP}")
-    return [line.strip() for line in read_lines(path) if line.strip()]
+    return [line.strip() for line in read_lines(require_senteval_file(path, TRANSFER_LAYOUT_HELP)) if line.strip()]
 
 
 def load_binary(pos_path: Path, neg_path: Path) -> tuple[list[str], np.ndarray]:
@@ -111,10 +109,8 @@ def kfold_accuracy(X, y, seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds:
     """Mean test accuracy x100 over an outer stratified `kfold` split of `(n, d)` features `X`."""
     from sklearn.model_selection import StratifiedKFold
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
-    accuracies = []
-    for train, test in StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(X, y):
-        clf = _fit_cv(X[train], y[train], seed, inner_folds)
-        accuracies.append(float((clf.predict(X[test]) == y[test]).mean()))
+    accuracies = [float((_fit_cv(X[train], y[train], seed, inner_folds).predict(X[test]) == y[test]).mean())
+                  for train, test in StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(X, y)]
     return {"accuracy": 100 * float(np.mean(accuracies)), "n": int(len(y)), "protocol": f"{kfold}-fold CV"}
 
 
@@ -154,9 +150,7 @@ def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> l
 def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval_dir: str | Path, task: str,
                            seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Runs one transfer task; returns ``{"accuracy": x100, "n": test examples, "protocol": ..., ...}``."""
-    paths = transfer_task_files(senteval_dir, task)
-    if missing := [path for path in paths if not path.is_file()]:
-        raise FileNotFoundError(f"missing SentEval file {missing[0]}; {TRANSFER_LAYOUT_HELP}")
+    paths = [require_senteval_file(path, TRANSFER_LAYOUT_HELP) for path in transfer_task_files(senteval_dir, task)]
     if task in ("mr", "cr", "subj", "mpqa"):
         sentences, y = load_binary(*paths)
         (X,) = _embed(encode, sentences)
