@@ -112,11 +112,8 @@ EMBEDDING_LIFTS = ("encoder.embedding_hidden_mapping_in", "embeddings_project")
 @torch.no_grad()
 def fraternal_word_vectors(model: nn.Module, hidden: int, name: str = "the fraternal model") -> torch.Tensor:
     """The `(V, hidden)` word vectors of `model` (the fraternal `AutoModel`, a vocabulary of V tokens) for the
-    fraternal view; `hidden` is H, the anchor encoder's hidden size; `name` names the model in errors.
-
-    Raises:
-        ValueError: the model's word vectors, lifted when its embeddings are factorised, are not H wide.
-    """
+    fraternal view; `hidden` is H, the anchor encoder's hidden size; `name` names the model in errors. A
+    `ValueError` if the model's word vectors, lifted when its embeddings are factorised, are not H wide."""
     table = model.get_input_embeddings().weight.detach()
     width = table.shape[1]
     described = f"embedding width {width}"

@@ -23,14 +23,9 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
     on any fresh install, for smoke runs and the offline quickstart; technical prose, no substitute for wiki1m."""
     from pydoc_data.topics import topics
     text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
-    sentences, seen = [], set()
-    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):
-        sentence = sentence.strip()
-        n_words = len(sentence.split())
-        if min_words <= n_words <= max_words and sentence not in seen and not sentence.startswith((">>>", "...")):
-            seen.add(sentence)
-            sentences.append(sentence)
-    return sentences
+    sentences = (s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text))
+    kept = (s for s in sentences if min_words <= len(s.split()) <= max_words and not s.startswith((">>>", "...")))
+    return list(dict.fromkeys(kept))  # first occurrences, in order
 
 
 def load_sentences(train_file: str | None = None, dataset_name: str | None = None, dataset_config: str | None = None,

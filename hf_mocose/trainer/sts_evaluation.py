@@ -44,8 +44,7 @@ def check_sts_dataset(dataset) -> None:
 
 def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
     """Evaluation truncation: `requested` (at most the encoder's limit), else that limit (whole sentences)."""
-    encoder_config = getattr(model, "online_encoder", model).config
-    limit = resolve_max_length(tokenizer, encoder_config)
+    limit = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config)
     if requested is None:
         return limit
     if not 2 <= requested <= limit:
