@@ -128,15 +128,14 @@ def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int 
     """C picked on dev accuracy, accuracy x100 on test (SST-2)."""
     from sklearn.linear_model import LogisticRegression
     X_train, X_dev, X_test = (np.asarray(a, dtype=np.float64) for a in (X_train, X_dev, X_test))
-    fits = []
-    for C in SENTEVAL_CS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            clf = LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train)
-        fits.append((float((clf.predict(X_dev) == np.asarray(y_dev)).mean()), C, clf))
-    dev_acc, C, clf = max(fits, key=lambda fit: fit[0])  # the first best: ties keep the smaller C (stronger L2)
-    return {"accuracy": 100 * float((clf.predict(X_test) == np.asarray(y_test)).mean()), "dev_accuracy": 100 * dev_acc,
-            "n": int(len(y_test)), "C": float(C), "protocol": "train/dev/test, C on dev"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = [LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train) for C in SENTEVAL_CS]
+    dev = [float((clf.predict(X_dev) == np.asarray(y_dev)).mean()) for clf in fits]
+    best = dev.index(max(dev))  # the first best: ties keep the smaller C (stronger L2)
+    return {"accuracy": 100 * float((fits[best].predict(X_test) == np.asarray(y_test)).mean()),
+            "dev_accuracy": 100 * dev[best], "n": int(len(y_test)), "C": float(SENTEVAL_CS[best]),
+            "protocol": "train/dev/test, C on dev"}
 
 
 def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> list[np.ndarray]:
