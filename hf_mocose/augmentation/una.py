@@ -335,11 +335,10 @@ class UNAAugmenter:
         return np.where(n_cand > 0, st.order[np.minimum(picked, size - 1)], -1)
 
     def augment(self, sentences: Sequence[str], rng=None) -> list[str]:
-        """The UNA hard negative of each sentence. Tokens are chosen with `replacement_probabilities`
-        (independently, except that a sentence whose scores are all equal gets exactly one uniformly chosen
-        replacement), then replaced by `sample_replacement_ids`-style draws; the text between tokens is kept, and
-        a replacement copies the capitalisation of the word it replaces. `rng` (seed or Generator) overrides the
-        internal generator for this call only."""
+        """The UNA hard negative of each sentence: tokens drawn independently with `replacement_probabilities`
+        (exactly one, uniformly, where all scores are equal) are replaced by `sample_replacement_ids`-style draws,
+        keeping the text between tokens and each replaced word's capitalisation. `rng` (seed or Generator)
+        overrides the internal generator for this call only."""
         if isinstance(sentences, str):
             raise TypeError("augment takes a list of sentences, not a single str")
         sentences, st = list(sentences), self.statistics

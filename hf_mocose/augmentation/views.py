@@ -1,7 +1,6 @@
-"""What the training views' word embeddings are made of besides the encoder's own: MoCoSE Table 5's augmentations
-(token shuffle, token and feature cutoff; FGSM, the adversarial one, is part of the step in `models.objective`),
-ESimCSE's word repetition of the positive's tokens (`repeat_words`, every method's `word_repetition_rate`),
-and IFCL's fraternal word vectors (another model's tokens, fused with the anchor's in the fraternal view).
+"""The training views' word embeddings besides the encoder's own: MoCoSE Table 5's augmentations (token shuffle,
+token and feature cutoff; FGSM is part of the step in `models.objective`), ESimCSE's word repetition of the
+positive's tokens (`repeat_words`) and IFCL's fraternal word vectors (another model's, fused with the anchor's).
 
 Fraternal width: the fusion adds, position by position, the fraternal model's word vectors to the anchor's
 (`MoCoSEModel._fraternal_view`), so each needs the anchor encoder's hidden size H. Models with *factorised*

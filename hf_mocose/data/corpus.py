@@ -146,9 +146,8 @@ class ContrastiveCollator:
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
-    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive (its given positive, else
-    itself; ESimCSE's word repetition, `hf_mocose.augmentation.views.repeat_words`), padded to its longest row.
-    """
+    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive from its given positive,
+    else itself (ESimCSE's word repetition, `augmentation.views.repeat_words`), padded to its longest row."""
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0,
                  repeat_positives=None):
