@@ -159,8 +159,7 @@ class UNAStatistics:
         if meta.get("format_version") != _FORMAT_VERSION or meta.get("token_pattern") != TOKEN_PATTERN:
             raise ValueError(f"UNA cache in {directory} has another format or tokeniser")
         with np.load(directory / _STATS_FILE, allow_pickle=False) as arrays:
-            idf, max_score = arrays["idf"], arrays["max_score"]
-            npz_fingerprint = str(arrays["fingerprint"])
+            idf, max_score, npz_fingerprint = arrays["idf"], arrays["max_score"], str(arrays["fingerprint"])
         if npz_fingerprint != (meta["fingerprint"] or ""):
             raise ValueError(f"UNA cache files in {directory} come from different corpora")
         return cls(meta["vocabulary"], idf, max_score, meta["n_documents"], meta["fingerprint"])
