@@ -58,27 +58,18 @@ def load_binary(pos_path: Path, neg_path: Path) -> tuple[list[str], np.ndarray]:
 
 def load_sst_split(path: Path) -> tuple[list[str], np.ndarray]:
     """``sentence TAB label`` lines (SentEval's SST/binary files)."""
-    sentences, labels = [], []
-    for line in _lines(path):
-        sentence, _, label = line.rpartition("\t")
-        if not sentence:  # some copies separate with a space
-            sentence, _, label = line.rpartition(" ")
-        sentences.append(sentence.strip())
-        labels.append(int(label))
-    return sentences, np.array(labels)
+    rows = [line.rpartition("\t" if "\t" in line else " ") for line in _lines(path)]  # some copies use a space
+    return [sentence.strip() for sentence, _, _ in rows], np.array([int(label) for _, _, label in rows])
 
 
 def load_trec(path: Path) -> tuple[list[str], np.ndarray]:
     """``COARSE:fine question`` lines -> questions and coarse labels (as SentEval's 6-class TREC)."""
-    sentences, labels = [], []
-    for line in _lines(path):
-        target, _, rest = line.partition(":")
-        sentences.append(rest.split(" ", 1)[1] if " " in rest else rest)
-        labels.append(target)
-    if unknown := set(labels) - set(TREC_CLASSES):
+    rows = [line.partition(":") for line in _lines(path)]
+    if unknown := {target for target, _, _ in rows} - set(TREC_CLASSES):
         raise ValueError(f"{path}: unknown TREC coarse labels {sorted(unknown)}; expected {', '.join(TREC_CLASSES)}")
     # A fixed class list, so train and test agree on label ids.
-    return sentences, np.array([TREC_CLASSES.index(label) for label in labels])
+    return ([rest.split(" ", 1)[1] if " " in rest else rest for _, _, rest in rows],
+            np.array([TREC_CLASSES.index(target) for target, _, _ in rows]))
 
 
 def load_mrpc(path: Path) -> tuple[list[str], list[str], np.ndarray]:
