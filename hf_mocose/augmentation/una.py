@@ -1,10 +1,8 @@
 """UNA: unsupervised hard negative augmentation by TF-IDF word replacement (Shu et al.).
 
-A sentence's UNA negative replaces its most informative (highest TF-IDF) words by other words of
-similar corpus-level importance, so it looks like the anchor but means something else.
-`UNAStatistics` holds, per vocabulary word, its idf and its largest tf-idf score over the corpus (one
-document per sentence) in O(V) arrays, built once and cached keyed by a fingerprint of the corpus;
-`UNAAugmenter` draws the replacements. `docs/una.md` has the formulas and the choices made here.
+A sentence's UNA negative replaces its highest TF-IDF words by words of similar corpus-level importance.
+`UNAStatistics` holds each word's idf and largest tf-idf score (one document per sentence) in O(V) arrays,
+cached keyed by a corpus fingerprint; `UNAAugmenter` draws the replacements. Formulas: `docs/una.md`.
 
     stats = UNAStatistics.from_corpus(sentences, cache_dir="una_cache")
     augmenter = UNAAugmenter(stats, alpha=0.5, window=4000, seed=0)
@@ -61,11 +59,10 @@ def corpus_fingerprint(sentences: Iterable[str]) -> str:
 
 
 class UNAStatistics:
-    """Corpus TF-IDF statistics for UNA, all O(V) arrays indexed by vocabulary id: `vocabulary` (words by id, in
-    first-appearance order), `idf` = ln(N / df(w)), `max_score` M(w) (the largest tf-idf score of w over the corpus),
-    `n_documents` N (sentences, empty ones included), `fingerprint` (`corpus_fingerprint`, or None), `order` / `rank`
-    (ids sorted by ascending M, ties by id, and each id's position there) and `cumulative` = `[0, cumsum(M[order])]`,
-    so the M-mass of a rank window is two lookups."""
+    """Corpus TF-IDF statistics for UNA, O(V) arrays indexed by vocabulary id: `vocabulary` (first-appearance
+    order), `idf` = ln(N / df(w)), `max_score` M(w) (largest tf-idf of w), `n_documents` N (empty sentences
+    included), `fingerprint`, `order` / `rank` (ids by ascending M, ties by id, and each id's position there) and
+    `cumulative` = `[0, cumsum(M[order])]`, so the M-mass of a rank window is two lookups."""
 
     def __init__(self, vocabulary: Sequence[str], idf: np.ndarray, max_score: np.ndarray,
                  n_documents: int, fingerprint: str | None = None):
@@ -162,8 +159,7 @@ class UNAStatistics:
         if meta.get("format_version") != _FORMAT_VERSION or meta.get("token_pattern") != TOKEN_PATTERN:
             raise ValueError(f"UNA cache in {directory} has another format or tokeniser")
         with np.load(directory / _STATS_FILE, allow_pickle=False) as arrays:
-            idf, max_score = arrays["idf"], arrays["max_score"]
-            npz_fingerprint = str(arrays["fingerprint"])
+            idf, max_score, npz_fingerprint = arrays["idf"], arrays["max_score"], str(arrays["fingerprint"])
         if npz_fingerprint != (meta["fingerprint"] or ""):
             raise ValueError(f"UNA cache files in {directory} come from different corpora")
         return cls(meta["vocabulary"], idf, max_score, meta["n_documents"], meta["fingerprint"])
@@ -338,11 +334,10 @@ class UNAAugmenter:
         return np.where(n_cand > 0, st.order[np.minimum(picked, size - 1)], -1)
 
     def augment(self, sentences: Sequence[str], rng=None) -> list[str]:
-        """The UNA hard negative of each sentence. Tokens are chosen with `replacement_probabilities`
-        (independently, except that a sentence whose scores are all equal gets exactly one uniformly chosen
-        replacement), then replaced by `sample_replacement_ids`-style draws; the text between tokens is kept, and
-        a replacement copies the capitalisation of the word it replaces. `rng` (seed or Generator) overrides the
-        internal generator for this call only."""
+        """The UNA hard negative of each sentence: tokens drawn independently with `replacement_probabilities`
+        (exactly one, uniformly, where all scores are equal) are replaced by `sample_replacement_ids`-style draws,
+        keeping the text between tokens and each replaced word's capitalisation. `rng` (seed or Generator)
+        overrides the internal generator for this call only."""
         if isinstance(sentences, str):
             raise TypeError("augment takes a list of sentences, not a single str")
         sentences, st = list(sentences), self.statistics

@@ -1,7 +1,6 @@
-"""What the training views' word embeddings are made of besides the encoder's own: MoCoSE Table 5's augmentations
-(token shuffle, token and feature cutoff; FGSM, the adversarial one, is part of the step in `models.objective`),
-ESimCSE's word repetition of the positive's tokens (`repeat_words`, every method's `word_repetition_rate`),
-and IFCL's fraternal word vectors (another model's tokens, fused with the anchor's in the fraternal view).
+"""The training views' word embeddings besides the encoder's own: MoCoSE Table 5's augmentations (token shuffle,
+token and feature cutoff; FGSM is part of the step in `models.objective`), ESimCSE's word repetition of the
+positive's tokens (`repeat_words`) and IFCL's fraternal word vectors (another model's, fused with the anchor's).
 
 Fraternal width: the fusion adds, position by position, the fraternal model's word vectors to the anchor's
 (`MoCoSEModel._fraternal_view`), so each needs the anchor encoder's hidden size H. Models with *factorised*
@@ -112,11 +111,8 @@ EMBEDDING_LIFTS = ("encoder.embedding_hidden_mapping_in", "embeddings_project")
 @torch.no_grad()
 def fraternal_word_vectors(model: nn.Module, hidden: int, name: str = "the fraternal model") -> torch.Tensor:
     """The `(V, hidden)` word vectors of `model` (the fraternal `AutoModel`, a vocabulary of V tokens) for the
-    fraternal view; `hidden` is H, the anchor encoder's hidden size; `name` names the model in errors.
-
-    Raises:
-        ValueError: the model's word vectors, lifted when its embeddings are factorised, are not H wide.
-    """
+    fraternal view; `hidden` is H, the anchor encoder's hidden size; `name` names the model in errors. A
+    `ValueError` if the model's word vectors, lifted when its embeddings are factorised, are not H wide."""
     table = model.get_input_embeddings().weight.detach()
     width = table.shape[1]
     described = f"embedding width {width}"

@@ -23,14 +23,9 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
     on any fresh install, for smoke runs and the offline quickstart; technical prose, no substitute for wiki1m."""
     from pydoc_data.topics import topics
     text = " ".join(re.sub(r"\s+", " ", body) for _, body in sorted(topics.items()))
-    sentences, seen = [], set()
-    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):
-        sentence = sentence.strip()
-        n_words = len(sentence.split())
-        if min_words <= n_words <= max_words and sentence not in seen and not sentence.startswith((">>>", "...")):
-            seen.add(sentence)
-            sentences.append(sentence)
-    return sentences
+    sentences = (s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text))
+    kept = (s for s in sentences if min_words <= len(s.split()) <= max_words and not s.startswith((">>>", "...")))
+    return list(dict.fromkeys(kept))  # first occurrences, in order
 
 
 def load_sentences(train_file: str | None = None, dataset_name: str | None = None, dataset_config: str | None = None,
@@ -78,10 +73,8 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         if empty := [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]:
             raise ValueError(f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
                              f"(first: row {empty[0]}); every sentence needs one.")
-    if max_train_samples is not None and streaming:
-        dataset = dataset.take(max_train_samples)
-    elif max_train_samples is not None:
-        dataset = dataset.select(range(min(max_train_samples, len(dataset))))
+    if max_train_samples is not None:  # Dataset.take raised past the end before datasets#8483
+        dataset = dataset.take(max_train_samples if streaming else min(max_train_samples, len(dataset)))
     return dataset
 
 
@@ -153,9 +146,8 @@ class ContrastiveCollator:
     Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
-    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive (its given positive, else
-    itself; ESimCSE's word repetition, `hf_mocose.augmentation.views.repeat_words`), padded to its longest row.
-    """
+    `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive from its given positive,
+    else itself (ESimCSE's word repetition, `augmentation.views.repeat_words`), padded to its longest row."""
 
     def __init__(self, tokenizer, max_length: int, pad_to_max_length: bool = False, una_augmenter=None, seed: int = 0,
                  repeat_positives=None):

@@ -49,10 +49,10 @@ def read_lines(path: str | Path) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def require_senteval_file(path: Path) -> Path:
+def require_senteval_file(path: Path, layout_help: str = LAYOUT_HELP) -> Path:
     """`path` if it is a file, else a `FileNotFoundError` naming it and the expected SentEval layout."""
     if not path.is_file():
-        raise FileNotFoundError(f"missing SentEval file {path}; {LAYOUT_HELP}")
+        raise FileNotFoundError(f"missing SentEval file {path}; {layout_help}")
     return path
 
 

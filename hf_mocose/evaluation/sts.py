@@ -108,8 +108,7 @@ def aggregate_sets(per_set: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
 def evaluate_sts_task(encode: Callable[[list[str]], torch.Tensor], sets: dict[str, StsPairs],
                       aggregation: str = "all") -> dict:
     """Scores one STS task with `encode` (sentences -> `(n, dim)` embeddings), each distinct sentence encoded once:
-    ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (x100; the headline follows `aggregation`).
-    """
+    ``{"spearman", "pearson", "n", "aggregation", "all", "wmean", "sets"}`` (x100; headline per `aggregation`)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
     unique, embeddings = _encode_once(encode, list(sets.values()))

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from hf_mocose.data.sts_files import read_lines
+from hf_mocose.data.sts_files import read_lines, require_senteval_file
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")  # SentEval paper column order
 TRANSFER_FILES: dict[str, tuple[str, ...]] = {
@@ -47,9 +47,7 @@ def transfer_task_files(senteval_dir: str | Path, task: str) -> list[Path]:
 
 
 def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing SentEval file {path}; {TRANSFER_LAYOUT_HELP}")
-    return [line.strip() for line in read_lines(path) if line.strip()]
+    return [line.strip() for line in read_lines(require_senteval_file(path, TRANSFER_LAYOUT_HELP)) if line.strip()]
 
 
 def load_binary(pos_path: Path, neg_path: Path) -> tuple[list[str], np.ndarray]:
@@ -60,27 +58,18 @@ def load_binary(pos_path: Path, neg_path: Path) -> tuple[list[str], np.ndarray]:
 
 def load_sst_split(path: Path) -> tuple[list[str], np.ndarray]:
     """``sentence TAB label`` lines (SentEval's SST/binary files)."""
-    sentences, labels = [], []
-    for line in _lines(path):
-        sentence, _, label = line.rpartition("\t")
-        if not sentence:  # some copies separate with a space
-            sentence, _, label = line.rpartition(" ")
-        sentences.append(sentence.strip())
-        labels.append(int(label))
-    return sentences, np.array(labels)
+    rows = [line.rpartition("\t" if "\t" in line else " ") for line in _lines(path)]  # some copies use a space
+    return [sentence.strip() for sentence, _, _ in rows], np.array([int(label) for _, _, label in rows])
 
 
 def load_trec(path: Path) -> tuple[list[str], np.ndarray]:
     """``COARSE:fine question`` lines -> questions and coarse labels (as SentEval's 6-class TREC)."""
-    sentences, labels = [], []
-    for line in _lines(path):
-        target, _, rest = line.partition(":")
-        sentences.append(rest.split(" ", 1)[1] if " " in rest else rest)
-        labels.append(target)
-    if unknown := set(labels) - set(TREC_CLASSES):
+    rows = [line.partition(":") for line in _lines(path)]
+    if unknown := {target for target, _, _ in rows} - set(TREC_CLASSES):
         raise ValueError(f"{path}: unknown TREC coarse labels {sorted(unknown)}; expected {', '.join(TREC_CLASSES)}")
     # A fixed class list, so train and test agree on label ids.
-    return sentences, np.array([TREC_CLASSES.index(label) for label in labels])
+    return ([rest.split(" ", 1)[1] if " " in rest else rest for _, _, rest in rows],
+            np.array([TREC_CLASSES.index(target) for target, _, _ in rows]))
 
 
 def load_mrpc(path: Path) -> tuple[list[str], list[str], np.ndarray]:
@@ -111,10 +100,8 @@ def kfold_accuracy(X, y, seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds:
     """Mean test accuracy x100 over an outer stratified `kfold` split of `(n, d)` features `X`."""
     from sklearn.model_selection import StratifiedKFold
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
-    accuracies = []
-    for train, test in StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(X, y):
-        clf = _fit_cv(X[train], y[train], seed, inner_folds)
-        accuracies.append(float((clf.predict(X[test]) == y[test]).mean()))
+    accuracies = [float((_fit_cv(X[train], y[train], seed, inner_folds).predict(X[test]) == y[test]).mean())
+                  for train, test in StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(X, y)]
     return {"accuracy": 100 * float(np.mean(accuracies)), "n": int(len(y)), "protocol": f"{kfold}-fold CV"}
 
 
@@ -132,15 +119,14 @@ def dev_test_accuracy(X_train, y_train, X_dev, y_dev, X_test, y_test, seed: int 
     """C picked on dev accuracy, accuracy x100 on test (SST-2)."""
     from sklearn.linear_model import LogisticRegression
     X_train, X_dev, X_test = (np.asarray(a, dtype=np.float64) for a in (X_train, X_dev, X_test))
-    fits = []
-    for C in SENTEVAL_CS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            clf = LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train)
-        fits.append((float((clf.predict(X_dev) == np.asarray(y_dev)).mean()), C, clf))
-    dev_acc, C, clf = max(fits, key=lambda fit: fit[0])  # the first best: ties keep the smaller C (stronger L2)
-    return {"accuracy": 100 * float((clf.predict(X_test) == np.asarray(y_test)).mean()), "dev_accuracy": 100 * dev_acc,
-            "n": int(len(y_test)), "C": float(C), "protocol": "train/dev/test, C on dev"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = [LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X_train, y_train) for C in SENTEVAL_CS]
+    dev = [float((clf.predict(X_dev) == np.asarray(y_dev)).mean()) for clf in fits]
+    best = dev.index(max(dev))  # the first best: ties keep the smaller C (stronger L2)
+    return {"accuracy": 100 * float((fits[best].predict(X_test) == np.asarray(y_test)).mean()),
+            "dev_accuracy": 100 * dev[best], "n": int(len(y_test)), "C": float(SENTEVAL_CS[best]),
+            "protocol": "train/dev/test, C on dev"}
 
 
 def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> list[np.ndarray]:
@@ -154,9 +140,7 @@ def _embed(encode: Callable[[list[str]], torch.Tensor], *groups: list[str]) -> l
 def evaluate_transfer_task(encode: Callable[[list[str]], torch.Tensor], senteval_dir: str | Path, task: str,
                            seed: int = DEFAULT_SEED, kfold: int = 10, inner_folds: int = 5) -> dict:
     """Runs one transfer task; returns ``{"accuracy": x100, "n": test examples, "protocol": ..., ...}``."""
-    paths = transfer_task_files(senteval_dir, task)
-    if missing := [path for path in paths if not path.is_file()]:
-        raise FileNotFoundError(f"missing SentEval file {missing[0]}; {TRANSFER_LAYOUT_HELP}")
+    paths = [require_senteval_file(path, TRANSFER_LAYOUT_HELP) for path in transfer_task_files(senteval_dir, task)]
     if task in ("mr", "cr", "subj", "mpqa"):
         sentences, y = load_binary(*paths)
         (X,) = _embed(encode, sentences)

@@ -1,11 +1,10 @@
 """STS scoring inside `Trainer.evaluate`: the MoCoSE sentence embedding, scored by sentence-transformers.
 
-`MoCoSETrainer` keeps `transformers.Trainer.evaluate` (speed metrics, callbacks, `metric_key_prefix`, dicts of eval
-datasets) and replaces only the steps that assume a loss over batches (`get_eval_dataloader`, `evaluation_loop`,
-`get_test_dataloader` for `predict`). STS-B dev is reported as `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson`
-x100 (the papers' and `hf-mocose evaluate`'s scale; the `MoCoSELoss` front end reports [-1, 1]). Sentences are
-encoded whole by default (as SentEval and the paper do); `eval_max_seq_length` chooses another length.
-A core module: `hf_mocose.evaluation` (SentEval tasks, diagnostics, their command line) is never imported here.
+`MoCoSETrainer` keeps `transformers.Trainer.evaluate` and replaces only the steps that assume a loss over batches
+(`get_eval_dataloader`, `evaluation_loop`, `get_test_dataloader` for `predict`). STS-B dev is reported as
+`{prefix}_stsb_spearman` / `{prefix}_stsb_pearson` x100 (as `hf-mocose evaluate`; the `MoCoSELoss` front end reports
+[-1, 1]). Sentences are encoded whole unless `eval_max_seq_length` is set.
+A core module: `hf_mocose.evaluation` is never imported here.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def check_sts_dataset(dataset) -> None:
 
 def eval_max_length(model, tokenizer, requested: int | None = None) -> int:
     """Evaluation truncation: `requested` (at most the encoder's limit), else that limit (whole sentences)."""
-    encoder_config = getattr(model, "online_encoder", model).config
-    limit = resolve_max_length(tokenizer, encoder_config)
+    limit = resolve_max_length(tokenizer, getattr(model, "online_encoder", model).config)
     if requested is None:
         return limit
     if not 2 <= requested <= limit:
@@ -145,7 +143,6 @@ class STSEvaluationMixin:
             embeddings = encode_with_model(model, self.processing_class, list(dataset["text"]),
                                            batch_size=self.args.per_device_eval_batch_size, max_length=max_length)
             return EvalLoopOutput(predictions=embeddings.numpy(), label_ids=None, metrics={}, num_samples=len(dataset))
-        check_sts_dataset(dataset)
         evaluator = MoCoSESimilarityEvaluator(dataset["sentence1"], dataset["sentence2"], dataset["score"],
                                               tokenizer=self.processing_class, max_length=max_length,
                                               batch_size=self.args.per_device_eval_batch_size)
