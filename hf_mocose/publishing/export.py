@@ -64,8 +64,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
         raise ValueError(f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to "
                          "the model (tokenizer.save_pretrained(checkpoint)); training does this for you.") from err
     check_weights_complete(path, action="export")
-    model = MoCoSEModel.from_pretrained(path).to("cpu").eval()
-    return model, tokenizer
+    return MoCoSEModel.from_pretrained(path).to("cpu").eval(), tokenizer
 
 
 def _encoder_class_pooler(model) -> nn.Module | None:
@@ -131,8 +130,8 @@ def _sentence_of_at_least(tokenizer, n_tokens: int) -> str:
 def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> list[str]:
     """Probes for an export: the short `PROBE_SENTENCES` (padding), one about twice the training length
     (truncation there would show) and one longer than `max_seq_length` (truncation exactly there)."""
-    long_ones = [_sentence_of_at_least(tokenizer, 2 * training_length), _sentence_of_at_least(tokenizer, max_seq_length + 8)]
-    return [PROBE_SENTENCES[0], long_ones[0], *PROBE_SENTENCES[1:], long_ones[1]]
+    return [PROBE_SENTENCES[0], _sentence_of_at_least(tokenizer, 2 * training_length), *PROBE_SENTENCES[1:],
+            _sentence_of_at_least(tokenizer, max_seq_length + 8)]
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
