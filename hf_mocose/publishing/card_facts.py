@@ -1,9 +1,8 @@
 """The run's facts a model card is written from, collected while it trains (`card_facts.json`).
 
-A MoCoSE card is written at export, maybe later, offline, when the trainer and its data are gone. So `MoCoSETrainer`
-describes its training set when it starts (`describe_training_data`) and, from the Trainer's own save hook, writes the
-run's facts with every model and checkpoint it saves (`save_card_facts`). Nothing is unpickled: `training_args.bin`
-would run code from the file; `load_card_facts` reads the JSON files of checkpoints saved before `card_facts.json`.
+The card is written at export, maybe later and offline, when the trainer and its data are gone: so `MoCoSETrainer`
+describes its training set when it starts (`describe_training_data`) and writes the facts with every model and
+checkpoint it saves (`save_card_facts`). Nothing is unpickled (`training_args.bin` would run code from the file).
 """
 
 from __future__ import annotations

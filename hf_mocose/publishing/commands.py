@@ -61,14 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from .export import export_to_sentence_transformers
-    card_kwargs = {}
-    if not args.no_card:
-        card_kwargs = dict(repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets,
-                           corpus=args.corpus, language=args.language, license=args.license, template=args.template)
-        if args.repo_id:
-            from .hub import validate_repo_id
-
-            validate_repo_id(args.repo_id)
+    if args.repo_id and not args.no_card:
+        from .hub import validate_repo_id
+        validate_repo_id(args.repo_id)
+    card_kwargs = {} if args.no_card else dict(
+        repo_id=args.repo_id, base_model=args.base_model, datasets=args.datasets, corpus=args.corpus,
+        language=args.language, license=args.license, template=args.template)
     out = export_to_sentence_transformers(args.checkpoint, args.output_dir, overwrite=args.overwrite,
                                           max_seq_length=args.max_seq_length, eval_results=args.eval_results,
                                           write_card=not args.no_card, onnx=args.onnx, openvino=args.openvino,
@@ -86,8 +84,7 @@ def run_push(args: argparse.Namespace) -> int:
         print(f"hf-mocose push: error: {err}", file=sys.stderr)
         return 1
     if args.dry_run:
-        total = sum(size for _, size in result)
-        print(f"Dry run: would upload {len(result)} files ({total} bytes) to {args.repo_id} "
+        print(f"Dry run: would upload {len(result)} files ({sum(size for _, size in result)} bytes) to {args.repo_id} "
               f"({args.revision or 'main'}); nothing was sent.")
         for path, size in result:
             print(f"  {path}\t{size}")

@@ -1,11 +1,8 @@
-"""The Hub's `.eval_results/*.yaml` files of an export: one per STS test set, on MTEB's copy of that set.
-
-The Hub shows these files on the model page and feeds them to the benchmark dataset's leaderboard
-(huggingface_hub's `EvalResultEntry`; the card's `model-index` stays for older readers). hf-mocose's STS scores are
-MTEB's main score for these sets: Spearman of cosine similarities over all pairs of the test split (for STS12-16,
-the sets concatenated: `hf-mocose evaluate --aggregation all`, the default), x100 as MTEB's leaderboard shows them.
-STS-B dev picks checkpoints and is not a test result: it gets no file. The files are named `hf-mocose-<task>.yaml`,
-so a push owns them and no one else's.
+"""The Hub's `.eval_results/hf-mocose-<task>.yaml` files of an export (huggingface_hub's `EvalResultEntry`, shown
+on the model page and the benchmark's leaderboard): one per STS test set, on MTEB's copy of it, with MTEB's main
+score: Spearman x100 of cosine similarities over all pairs of the test split (STS12-16 concatenated:
+`hf-mocose evaluate --aggregation all`, the default). STS-B dev picks checkpoints, so it gets no file. The card's
+`model-index` stays for older readers; the `hf-mocose-` prefix makes the files a push's own.
 """
 
 from __future__ import annotations

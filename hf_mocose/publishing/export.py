@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..models.encoding import encode_with_model, inference_max_seq_length
-from .model_card import read_eval_results, render_model_card, write_model_card  # noqa: F401 (also public here)
+from .model_card import read_eval_results, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,7 @@ def load_mocose_checkpoint(checkpoint: str | os.PathLike):
         raise ValueError(f"MoCoSE checkpoint {str(path)!r} has no loadable tokenizer ({err}). Save the tokenizer next to "
                          "the model (tokenizer.save_pretrained(checkpoint)); training does this for you.") from err
     check_weights_complete(path, action="export")
-    model = MoCoSEModel.from_pretrained(path).to("cpu").eval()
-    return model, tokenizer
+    return MoCoSEModel.from_pretrained(path).to("cpu").eval(), tokenizer
 
 
 def _encoder_class_pooler(model) -> nn.Module | None:
@@ -96,8 +95,7 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
     (with its class's pooler, see `_encoder_class_pooler`)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
-    config = model.config
-    encoder = model.online_encoder
+    config, encoder = model.config, model.online_encoder
     if (class_pooler := _encoder_class_pooler(model)) is not None:
         encoder.pooler = class_pooler
     try:
@@ -106,17 +104,16 @@ def build_sentence_transformer(model, tokenizer, staging_dir: str | os.PathLike,
         if class_pooler is not None:
             encoder.pooler = None  # as MoCoSE keeps it (its embed runs none)
     tokenizer.save_pretrained(staging_dir)
-    transformer = Transformer(str(staging_dir), max_seq_length=max_seq_length)
     hidden = config.hidden_size
-    modules = [transformer, Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
+    modules = [Transformer(str(staging_dir), max_seq_length=max_seq_length),
+               Pooling(hidden, pooling_mode=POOLING_MODES[config.sentence_pooling])]
     if config.sentence_pooling == "cls_dense":
         pooler = model.online_pooler
         modules.append(Dense(hidden, pooler.out_features, bias=pooler.bias is not None,
                              activation_function=nn.Identity(),  # the MoCoSE pooler has no activation
                              init_weight=pooler.weight.detach().clone(),
                              init_bias=None if pooler.bias is None else pooler.bias.detach().clone()))
-    st_model = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name="cosine")
-    return st_model.eval()
+    return SentenceTransformer(modules=modules, device="cpu", similarity_fn_name="cosine").eval()
 
 
 def reference_embeddings(model, tokenizer, sentences, max_length: int, batch_size: int = 32) -> torch.Tensor:
@@ -133,8 +130,8 @@ def _sentence_of_at_least(tokenizer, n_tokens: int) -> str:
 def probe_sentences(tokenizer, max_seq_length: int, training_length: int) -> list[str]:
     """Probes for an export: the short `PROBE_SENTENCES` (padding), one about twice the training length
     (truncation there would show) and one longer than `max_seq_length` (truncation exactly there)."""
-    long_ones = [_sentence_of_at_least(tokenizer, 2 * training_length), _sentence_of_at_least(tokenizer, max_seq_length + 8)]
-    return [PROBE_SENTENCES[0], long_ones[0], *PROBE_SENTENCES[1:], long_ones[1]]
+    return [PROBE_SENTENCES[0], _sentence_of_at_least(tokenizer, 2 * training_length), *PROBE_SENTENCES[1:],
+            _sentence_of_at_least(tokenizer, max_seq_length + 8)]
 
 
 def verify_export(export_dir: str | os.PathLike, model, tokenizer, max_seq_length: int, atol: float = 1e-5) -> float:
@@ -181,15 +178,13 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
                                     verify: bool = True, onnx: bool = False, openvino: bool = False,
                                     onnx_arch: str | None = None, stsb_dev_file: str | os.PathLike | None = None,
                                     **card_kwargs) -> Path:
-    """Writes a sentence-transformers model folder of the online branch of `checkpoint` (a MoCoSE checkpoint folder:
-    config.json + model.safetensors + tokenizer) to `output_dir` (absent or empty unless `overwrite`, which replaces
-    it whole); returns the folder. It truncates its inputs at `max_seq_length` tokens (default: the base model's
-    sentence-transformers `max_seq_length`, else the encoder's position limit: `hf_mocose.models.encoding`).
-    `write_card`: README.md from the `model_cards/` template (`write_model_card`, given `card_kwargs`: repo_id,
-    base_model, datasets, template, facts...), with the results of `eval_results` (JSON path or dict). `verify`:
-    reload the export and check it matches `model.embed` at `max_seq_length` within 1e-5. `onnx` / `openvino`: the
-    runtime files, checked and measured on `stsb_dev_file` (`runtimes.export_runtimes`); `eval_results` also writes
-    the Hub's `.eval_results/` files (`eval_results.write_eval_results`)."""
+    """Writes the online branch of the MoCoSE checkpoint folder `checkpoint` as a sentence-transformers folder
+    `output_dir` (absent or empty unless `overwrite`, which replaces it whole) and returns it. It truncates at
+    `max_seq_length` tokens (default: the base model's sentence-transformers `max_seq_length`, else the encoder's
+    position limit). `write_card`: README.md (`write_model_card` with `card_kwargs`) with the results of
+    `eval_results` (JSON path or dict), which also writes `.eval_results/` (`write_eval_results`). `verify`:
+    `verify_export`. `onnx` / `openvino`: the runtime files, checked and measured on `stsb_dev_file`
+    (`runtimes.export_runtimes`)."""
     from .eval_results import write_eval_results
     from .runtimes import check_runtime_request, export_runtimes
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)

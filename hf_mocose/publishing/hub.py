@@ -34,10 +34,9 @@ EXPORT_PATTERNS = (
     EVAL_RESULTS_PATTERN,
 )
 NEVER_DELETED = [".gitattributes", "README.md", "*/README.md"]
-# Keywords of `Trainer.push_to_hub(**kwargs)` -> `Trainer.create_model_card` (transformers 5.x), and hf-mocose's own.
-TRAINER_CARD_KEYWORDS = ("model_name", "language", "license", "tags", "finetuned_from", "tasks", "dataset_tags",
-                         "dataset", "dataset_args")
-PUSH_TO_HUB_KEYWORDS = (*TRAINER_CARD_KEYWORDS, "final_dir", "eval_results", "corpus", "datasets", "base_model",
+# Keywords of `Trainer.push_to_hub(**kwargs)` -> `Trainer.create_model_card` (transformers 5.x), then hf-mocose's own.
+PUSH_TO_HUB_KEYWORDS = ("model_name", "language", "license", "tags", "finetuned_from", "tasks", "dataset_tags",
+                        "dataset", "dataset_args", "final_dir", "eval_results", "corpus", "datasets", "base_model",
                         "max_seq_length", "template")
 
 
@@ -49,16 +48,14 @@ def validate_repo_id(repo_id: str) -> str:
     """`repo_id` if a valid `namespace/name` (a bare name would land in the token's account); else a `ValueError`."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
-    valid = isinstance(repo_id, str) and repo_id.count("/") == 1
     try:
-        if valid:
-            check_characters(repo_id)
+        if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+            raise HFValidationError(repo_id)
+        check_characters(repo_id)
     except HFValidationError:
-        valid = False
-    if not valid:
         raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a "
                          "slash, and a model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. "
-                         "'alice/mocose-bert-base'.")
+                         "'alice/mocose-bert-base'.") from None
     return repo_id
 
 

@@ -1,9 +1,5 @@
-"""The model card of an export: `MoCoSEModelCardData` fills itself from the run's facts and renders itself.
-
-As sentence-transformers' own card data does: `MoCoSEModelCardData.from_export` reads the export (loaded as a
-`SentenceTransformer`), the checkpoint's config, the run's facts (`publishing.card_facts`) and an evaluation JSON;
-`render` fills the `model_cards/` template (`find_template`), beside the card data's own fields. Also here: the
-pieces the template shows (`training_details`, `read_eval_results`, the training-data tables, the citations).
+"""The model card of an export: `MoCoSEModelCardData.from_export` reads the export, the checkpoint's config, the
+run's facts (`card_facts`) and an evaluation JSON; `render` fills the `model_cards/` template (`find_template`).
 """
 
 from __future__ import annotations
@@ -75,8 +71,8 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
     same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev).
     Each STS task: `{"spearman", "pearson", "n", "spearman_all"}`."""
-    raw = source if isinstance(source, dict) else {}
-    if source is not None and not isinstance(source, dict):
+    raw = {} if source is None else source
+    if not isinstance(raw, dict):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"Evaluation results file {str(path)!r} does not exist.")

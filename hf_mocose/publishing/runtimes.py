@@ -2,20 +2,18 @@
 
     hf-mocose export CHECKPOINT OUTPUT_DIR --onnx [--onnx_arch ARCH] --openvino [--stsb_dev_file sts-dev.csv]
 
-The files hold the Transformer module only (inputs `input_ids`, `attention_mask` and, where the tokenizer gives
-them and the model takes them, `token_type_ids`; output `last_hidden_state`; batch and sequence dynamic), named as
+The files hold the Transformer module only (inputs `input_ids`, `attention_mask` and `token_type_ids` where the
+tokenizer gives it and the model takes it; output `last_hidden_state`; batch and sequence dynamic), named as
 sentence-transformers' ONNX/OpenVINO backends and optimum load them; Pooling and Dense stay the export's modules:
-- `onnx/model.onnx`: fp32, torch's dynamo exporter (`torch.onnx.export(dynamo=True)`, opset 18; the TorchScript
-  exporter freezes transformers 5's attention-mask branches at the example batch and computes others wrong);
-- `onnx/model_<qint8|quint8>_<arch>.onnx`: onnxruntime's dynamic int8 quantization of it with the settings of
-  optimum's `AutoQuantizationConfig.<arch>` but for the feed-forward down-projections (`quantize_onnx`), named as
+- `onnx/model.onnx`: fp32, `torch.onnx.export(dynamo=True)`, opset 18 (the TorchScript exporter freezes
+  transformers 5's attention-mask branches at the example batch and computes others wrong);
+- `onnx/model_<qint8|quint8>_<arch>.onnx`: its dynamic int8 quantization (`quantize_onnx`), named as
   sentence-transformers' `export_dynamic_quantized_onnx_model` names it;
 - `openvino/openvino_model.xml` + `.bin`: the `openvino` package's conversion of the same graph, fp32.
 
-Each runs on the export's check sentences, pooled by the export's modules, and must reach a cosine of
-`FP32_MIN_COSINE` (int8: `INT8_MIN_COSINE`, and at most `INT8_MAX_STSB_DROP` Spearman points below PyTorch on STS-B
-dev when a dev file is given) to the PyTorch embedding of every sentence; a file that fails is not written and the
-failure is one logged line. What passed is measured for the card's "Runtimes" table on this machine.
+Each file must reach a cosine of `FP32_MIN_COSINE` (int8: `INT8_MIN_COSINE`, and at most `INT8_MAX_STSB_DROP`
+Spearman points below PyTorch on STS-B dev when given) to the PyTorch embedding of every check sentence, else it
+is not written and the failure is one logged line. What passed is measured for the card's "Runtimes" table.
 """
 
 from __future__ import annotations
@@ -148,6 +146,7 @@ def quantize_onnx(source: Path, target: Path, arch: str) -> None:
 
 
 def convert_to_openvino(source: Path, target: Path) -> None:
+    """The ONNX graph `source` as an fp32 OpenVINO model at `target`."""
     import openvino as ov
     ov.save_model(ov.convert_model(str(source)), str(target), compress_to_fp16=False)
 
