@@ -120,8 +120,6 @@ class MoCoSELoss(nn.Module):
         if unknown := {name: value for name, value in settings.items() if name not in METHOD_DEFAULTS}:
             _refuse_unknown(unknown)
         self.settings = take_settings(settings, LOSS_SETTINGS)  # defaults filled in, queue_init_size resolved, validated
-        self._ready = False  # set by the callback at on_train_begin
-        self._restored: dict[str, Any] | None = None
         self.model = model
         self._bind(model)
         self.callback = MoCoSELossCallback(self)
@@ -155,7 +153,8 @@ class MoCoSELoss(nn.Module):
         self.target_head = None if branches.target_pooler is None else nn.Sequential(
             OrderedDict(pooler=branches.target_pooler, projection=branches.target_projection))
         self.target_encoder, self.queue = branches.target_encoder, branches.queue
-        self._ready, self._restored = False, None
+        self._ready = False  # set by the callback at on_train_begin
+        self._restored: dict[str, Any] | None = None  # what load_state read, checked at on_train_begin
         if "callback" in self.__dict__:
             self.callback.bind(self)
 
