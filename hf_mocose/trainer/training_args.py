@@ -8,7 +8,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import is_torch_xla_available
 
-from ..augmentation.views import AUGMENTATION_VIEWS
+from ..augmentation.views import AUGMENTATION_VIEWS, EmbeddingAugmentation
 from ..models.configuration import MODEL_CONFIG_FIELDS
 from ..models.queue import format_queue_slices, parse_queue_slices
 from ..models.settings import ARGS_SETTINGS, describe, take_settings
@@ -184,7 +184,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
-        from ..augmentation.views import EmbeddingAugmentation
         from ..augmentation.una import validate_una_alpha, validate_una_frequency, validate_una_window
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,
