@@ -28,10 +28,9 @@ DEEPSPEED_REFUSAL = ("MoCoSELoss does not support DeepSpeed (its engine reduces 
 
 
 def refuse_sharded_loss_launch() -> None:
-    """No FSDP of any version (accelerate's FSDP2 `prepare()` cannot map the optimizer state of the heads, which
-    live in the loss, onto the sharded model; `sharding.refuse_unsupported_sharding`) and no DeepSpeed (see
-    `refuse_unsupported_launch`); read from the accelerator, else from the launch environment (also when the loss
-    is built, before `prepare()`)."""
+    """No FSDP of any version (FSDP2's `prepare()` cannot map the optimizer state of the heads, which live in the
+    loss, onto the sharded model) and no DeepSpeed; read from the accelerator, else from the launch environment
+    (the loss is built before `prepare()`)."""
     from accelerate.state import AcceleratorState, is_initialized
     fsdp_version, zero_stage, _ = accelerator_sharding(AcceleratorState()) if is_initialized() else launch_sharding()
     refuse_unsupported_sharding("MoCoSELoss", fsdp_version, None, fsdp2_supported=False)

@@ -49,11 +49,9 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
     check_run(loss.settings, batch, getattr(args, "gradient_accumulation_steps", 1), rows,
               batch_source=f"per_device_train_batch_size={getattr(args, 'per_device_train_batch_size', '?')} x {world} "
                            "processes")
-    if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last:
-        per_step = args.per_device_train_batch_size * world
-        if rows % per_step:
-            raise ValueError(f"Under {world} processes every rank must hold the same number of keys at each step, but "
-                             f"{rows} rows leave a last batch short of {per_step}: set dataloader_drop_last=True.")
+    if rows is not None and args is not None and world > 1 and not args.dataloader_drop_last and rows % batch:
+        raise ValueError(f"Under {world} processes every rank must hold the same number of keys at each step, but "
+                         f"{rows} rows leave a last batch short of {batch}: set dataloader_drop_last=True.")
 
 
 def check_streamed_data(dataset, args=None) -> None:

@@ -55,16 +55,6 @@ def _word_embeddings(model: SentenceTransformer) -> nn.Module:
     return embeddings
 
 
-def _refuse_unknown(arguments: dict[str, Any]) -> None:
-    name = next(iter(arguments))
-    if name in RENAMED_ARGUMENTS:
-        raise TypeError(f"MoCoSELoss: {name}= is now {RENAMED_ARGUMENTS[name]}= (the MoCoSETrainingArguments name).")
-    if name in SETTINGS or name in TRAINER_ONLY:
-        raise TypeError(f"MoCoSELoss does not take {name}=: it is a setting of MoCoSETrainer (MoCoSETrainingArguments."
-                        f"{name}), the front end that has it.")
-    raise TypeError(f"MoCoSELoss got an unexpected keyword argument {name!r}.")
-
-
 class MoCoSELoss(nn.Module):
     r"""MoCoSE for any `SentenceTransformer`: an EMA target encoder, a predictor on the online branch and a
     queue of past target keys as extra negatives, with FGSM on the anchor's word embeddings.
@@ -117,11 +107,15 @@ class MoCoSELoss(nn.Module):
     @with_keywords(LOSS_SETTINGS, more=False)  # any other keyword is refused
     def __init__(self, model: SentenceTransformer, **settings):
         super().__init__()
-        if unknown := {name: value for name, value in settings.items() if name not in METHOD_DEFAULTS}:
-            _refuse_unknown(unknown)
+        if name := next((name for name in settings if name not in METHOD_DEFAULTS), None):
+            if name in RENAMED_ARGUMENTS:
+                raise TypeError(f"MoCoSELoss: {name}= is now {RENAMED_ARGUMENTS[name]}= (the MoCoSETrainingArguments "
+                                "name).")
+            if name in SETTINGS or name in TRAINER_ONLY:
+                raise TypeError(f"MoCoSELoss does not take {name}=: it is a setting of MoCoSETrainer "
+                                f"(MoCoSETrainingArguments.{name}), the front end that has it.")
+            raise TypeError(f"MoCoSELoss got an unexpected keyword argument {name!r}.")
         self.settings = take_settings(settings, LOSS_SETTINGS)  # defaults filled in, queue_init_size resolved, validated
-        self._ready = False  # set by the callback at on_train_begin
-        self._restored: dict[str, Any] | None = None
         self.model = model
         self._bind(model)
         self.callback = MoCoSELossCallback(self)
@@ -155,7 +149,8 @@ class MoCoSELoss(nn.Module):
         self.target_head = None if branches.target_pooler is None else nn.Sequential(
             OrderedDict(pooler=branches.target_pooler, projection=branches.target_projection))
         self.target_encoder, self.queue = branches.target_encoder, branches.queue
-        self._ready, self._restored = False, None
+        self._ready = False  # set by the callback at on_train_begin
+        self._restored: dict[str, Any] | None = None  # what load_state read, checked at on_train_begin
         if "callback" in self.__dict__:
             self.callback.bind(self)
 

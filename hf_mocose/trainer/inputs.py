@@ -152,15 +152,6 @@ def check_train_dataset(dataset, args=None):
     return drop_blank_sentences(dataset)
 
 
-def prepare_train_dataset(dataset, tokenizer, max_seq_length: int, args):
-    """Tokenises raw `text` once (`data.tokenize_sentences`, text kept for hard negatives); tokenised data passes."""
-    columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None or "input_ids" in columns:
-        return dataset
-    with args.main_process_first(desc="tokenising the training sentences"):
-        return tokenize_sentences(dataset, tokenizer, max_seq_length, keep_text=args.hard_negatives is not None)
-
-
 def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=None, eval_dataset=None):
     """`(MoCoSEModel, tokenizer, train_dataset, training data description)` from what `MoCoSETrainer.__init__`
     was given; the description (for the model card) is taken before tokenising, while the raw text is there."""
@@ -178,7 +169,11 @@ def prepare_trainer_inputs(model, args, train_dataset=None, processing_class=Non
     align_special_tokens_quietly(mocose_model, processing_class)
     max_seq_length = mocose_model.config.max_seq_length
     described = describe_training_data(train_dataset, processing_class, max_seq_length)
-    train_dataset = prepare_train_dataset(train_dataset, processing_class, max_seq_length, args)
+    columns = getattr(train_dataset, "column_names", None)
+    if columns is not None and "input_ids" not in columns:  # raw text, tokenised once (text kept for UNA)
+        with args.main_process_first(desc="tokenising the training sentences"):
+            train_dataset = tokenize_sentences(train_dataset, processing_class, max_seq_length,
+                                               keep_text=args.hard_negatives is not None)
     return mocose_model, processing_class, train_dataset, described
 
 
@@ -187,8 +182,6 @@ def align_special_tokens_quietly(model: MoCoSEModel, processing_class) -> None:
     from transformers.utils import logging as transformers_logging
 
     from ..compat import align_special_tokens
-    if processing_class is None:
-        return
     announcer = transformers_logging.get_logger("transformers.trainer_utils")
     level = announcer.level
     announcer.setLevel(transformers_logging.ERROR)

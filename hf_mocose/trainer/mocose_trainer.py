@@ -1,14 +1,11 @@
 """`MoCoSETrainer`: a `Trainer` that computes the contrastive loss, feeds the queue and scores STS-B dev.
 
-The training loop is `transformers.Trainer`'s own. `__init__` first turns a model id or folder, a loaded encoder,
-raw sentences and a missing tokenizer into what it trains (`trainer.inputs`, as TRL's trainers take them). Overrides:
-  - `compute_loss`: `ContrastiveObjective`'s four lines (FGSM, the forward, the loss, the enqueue), as `MoCoSELoss`'s;
-  - `log`: adds the method's running metrics at logging steps (no host sync in between);
-  - evaluation (`STSEvaluationMixin`): `Trainer.evaluate` scores STS-B dev so `load_best_model_at_end` works;
-  - `train`: the preflight and `resume_from_checkpoint` first (a finished run trains nothing); checkpoint hooks: FGSM's "previous" gradient (exact resume),
-    `card_facts.json` beside every saved model (`_save`), FSDP2 sharded saves completed (`save_model`);
-  - Hub publishing (`HubPublishingMixin`): the export at the repo root, the MoCoSE model in `mocose/`.
-The EMA target update is a callback (`EMATargetCallback`), run after each optimizer step.
+The training loop is `transformers.Trainer`'s own; `__init__` first turns what it is given into what it trains
+(`trainer.inputs`, as TRL's trainers). Overrides: `compute_loss` (`ContrastiveObjective`'s step, as `MoCoSELoss`'s),
+`log` (the method's running metrics at logging steps, no host sync in between), evaluation (`STSEvaluationMixin`:
+STS-B dev, so `load_best_model_at_end` works), `train` (preflight and resume first; a finished run trains nothing),
+the checkpoint hooks (FGSM's "previous" gradient, `card_facts.json` beside every saved model, FSDP2 sharded saves
+completed) and Hub publishing (`HubPublishingMixin`). The EMA target update is a callback (`EMATargetCallback`).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, Trainer, TrainerState
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, has_length
 
 from ..data.corpus import ContrastiveCollator
@@ -56,8 +53,6 @@ def complete_sharded_save(trainer, output_dir: str) -> None:
         return
     if Path(output_dir).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
         if trainer.args.should_save:
-            from transformers.trainer import TRAINING_ARGS_NAME
-
             os.makedirs(output_dir, exist_ok=True)
             trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(output_dir)
             if trainer.processing_class is not None:
@@ -109,7 +104,11 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             eval_dataset = stsb_dev_dataset(args.stsb_dev_file)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          processing_class=processing_class, data_collator=data_collator, **kwargs)
-        self._check_queue_settings(config)
+        # Settings that depend on the world size, checked before any step (`launch.preflight`).
+        check_run({**vars(args), **{name: getattr(config, name) for name in MODEL_CONFIG_FIELDS}},
+                  self.keys_per_enqueue, args.gradient_accumulation_steps, target_mtd=args.target_mtd,
+                  max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
+                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
         configure_sharding(self, config)  # FSDP2 set-up; refuses what the EMA target cannot follow
         self.check_eval_datasets()
         check_trainer_switches(self)  # switches that cannot work (NEFTune, fp16 on CPU, ...): refused before training
@@ -137,14 +136,6 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         corpus = [*train_dataset["text"], *paraphrases]
         statistics = UNAStatistics.from_corpus(corpus, cache_dir=Path(args.output_dir) / "una_statistics")
         return UNAAugmenter(statistics, alpha=args.una_alpha, window=args.una_window_value, seed=args.seed)
-
-    def _check_queue_settings(self, config) -> None:
-        """Settings that depend on the world size, checked before any step (`launch.preflight`)."""
-        args = self.args
-        check_run({**vars(args), **{name: getattr(config, name) for name in MODEL_CONFIG_FIELDS}},
-                  self.keys_per_enqueue, args.gradient_accumulation_steps, target_mtd=args.target_mtd,
-                  max_steps=args.max_steps, batch_source=f"per_device_train_batch_size="
-                  f"{args.per_device_train_batch_size} x {args.world_size} processes")
 
     # ----------------------------------------------------------------- optimizer
     def create_optimizer(self, model=None):

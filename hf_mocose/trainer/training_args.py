@@ -8,7 +8,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import is_torch_xla_available
 
-from ..augmentation.views import AUGMENTATION_VIEWS
+from ..augmentation.views import AUGMENTATION_VIEWS, EmbeddingAugmentation
 from ..models.configuration import MODEL_CONFIG_FIELDS
 from ..models.queue import format_queue_slices, parse_queue_slices
 from ..models.settings import ARGS_SETTINGS, describe, take_settings
@@ -144,14 +144,11 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
     # --- Evaluation ---
     stsb_dev_file: str | None = field(default=None, metadata={
         "help": "Path of a SentEval-layout STS-B `sts-dev.csv` scored during training."})
-    skip_missing_stsb_dev: bool = field(
-        default=False, metadata={"help": "If stsb_dev_file does not exist, train without evaluation instead of failing."}
-    )
-    eval_max_seq_length: int | None = field(
-        default=None,
-        metadata={"help": "Tokens per sentence when scoring STS pairs in evaluate(); default: the encoder's own limit "
-                  "(whole sentences, as SentEval). Training keeps max_seq_length."},
-    )
+    skip_missing_stsb_dev: bool = field(default=False, metadata={
+        "help": "If stsb_dev_file does not exist, train without evaluation instead of failing."})
+    eval_max_seq_length: int | None = field(default=None, metadata={
+        "help": "Tokens per sentence when scoring STS pairs in evaluate(); default: the encoder's own limit "
+                "(whole sentences, as SentEval). Training keeps max_seq_length."})
 
     def __post_init__(self):
         self._validate_sizes()
@@ -160,9 +157,8 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         self.queue_init_size, self.word_repetition_rate = settings["queue_init_size"], settings["word_repetition_rate"]
         self._validate_family_settings()
         if self.eval_max_seq_length is not None and self.eval_max_seq_length < 2:
-            raise ValueError(
-                f"eval_max_seq_length must be >= 2 (or None for the encoder's limit), got {self.eval_max_seq_length!r}."
-            )
+            raise ValueError(f"eval_max_seq_length must be >= 2 (or None for the encoder's limit), "
+                             f"got {self.eval_max_seq_length!r}.")
         if self.pad_to_max_length is None:
             self.pad_to_max_length = self.method == "mocose" and self.fgsm_mode == "previous"
         if (self.bf16 or self.bf16_full_eval) and not (torch.accelerator.is_available() or is_torch_xla_available()):
@@ -188,7 +184,6 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
 
     def _validate_family_settings(self) -> None:
-        from ..augmentation.views import EmbeddingAugmentation
         from ..augmentation.una import validate_una_alpha, validate_una_frequency, validate_una_window
         self.queue_slice = format_queue_slices(parse_queue_slices(self.queue_slice, self.queue_size))
         EmbeddingAugmentation(self.token_shuffle, self.token_cutoff, self.feature_cutoff,
@@ -215,11 +210,7 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
         """What pickling (and `copy`) keeps: every field except secrets (`hub_token`, any other `*_token`), saved as
         None, since `training_args.bin` is saved in every checkpoint and may be uploaded. The live object keeps its
         token (`to_dict` and `repr` already mask it, as in `TrainingArguments`)."""
-        state = dict(self.__dict__)
-        for name in state:
-            if name.endswith("_token"):
-                state[name] = None
-        return state
+        return {name: None if name.endswith("_token") else value for name, value in self.__dict__.items()}
 
     @property
     def una_window_value(self) -> int | float:
