@@ -34,6 +34,15 @@ def test_every_recipe_is_named_and_says_what_it_is_for(capsys):
     assert run_cli(["train", "--list"], capsys)[1] == out
 
 
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`hf-mocose recipes | head -1`: the closed pipe ends the command quietly with a shell's SIGPIPE status."""
+    listing = subprocess.Popen([sys.executable, "-m", "hf_mocose.commands.cli", "recipes"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    listing.stdout.close()  # before the command has printed anything: its first flush meets a closed pipe
+    _, err = listing.communicate(timeout=120)
+    assert (listing.returncode, err) == (141, "")
+
+
 def test_a_recipe_is_a_name_or_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside the checkout
     quickstart = REPO_ROOT / "training_args" / "quickstart.yaml"

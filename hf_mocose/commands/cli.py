@@ -82,6 +82,10 @@ def run_command(prog: str, command: Callable[[], object]) -> int:
     other error propagates. An int result is the status, any other result means success (0)."""
     try:
         result = command()
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
+    except BrokenPipeError:  # `hf-mocose recipes | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own exit flush would raise again
+        return 141  # 128 + SIGPIPE, what a shell reports for a process that a closed pipe stopped
     except Exception as err:
         debug = os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
         if debug or not is_user_error(err):
