@@ -73,7 +73,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         if empty := [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]:
             raise ValueError(f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
                              f"(first: row {empty[0]}); every sentence needs one.")
-    if max_train_samples is not None:  # Dataset.take raised past the end before datasets#8483
+    if max_train_samples is not None:  # clamped: Dataset.take raises past the end (datasets#8483)
         dataset = dataset.take(max_train_samples if streaming else min(max_train_samples, len(dataset)))
     return dataset
 

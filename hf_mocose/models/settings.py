@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .heads import HEAD_INITS
-from .pooling import SENTENCE_POOLING_MODES
+from .pooling import SENTENCE_POOLING_MODES, check_sentence_pooling
 
 METHODS = ("mocose", "simcse", "ifcl", "esimcse")
 # What the EMA target shares with the online encoder: its word embeddings only (hf-mocose's default), or
@@ -195,7 +195,7 @@ def validate_settings(values: dict[str, Any]) -> None:
     """Raises a `ValueError` naming the offending value for any impossible method setting in `values`
     (settings it leaves out are taken at their defaults)."""
     method = _choice(values, "method", METHODS)
-    _choice(values, "sentence_pooling", SENTENCE_POOLING_MODES)
+    check_sentence_pooling(_get(values, "sentence_pooling"))
     temperature = _get(values, "contrastive_temperature")
     if not temperature > 0:
         raise ValueError(f"contrastive_temperature (tau) must be > 0, got {temperature!r}.")

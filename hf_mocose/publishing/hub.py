@@ -49,14 +49,14 @@ def validate_repo_id(repo_id: str) -> str:
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as check_characters
     try:
-        if not isinstance(repo_id, str) or repo_id.count("/") != 1:
-            raise HFValidationError(repo_id)
-        check_characters(repo_id)
+        if isinstance(repo_id, str) and repo_id.count("/") == 1:
+            check_characters(repo_id)
+            return repo_id
     except HFValidationError:
-        raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a "
-                         "slash, and a model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. "
-                         "'alice/mocose-bert-base'.") from None
-    return repo_id
+        pass
+    raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organisation name, a "
+                     "slash, and a model name of letters, digits, '-', '_' or '.', without '--' or '..'), e.g. "
+                     "'alice/mocose-bert-base'.")
 
 
 def list_upload_files(folder: str | os.PathLike, ignore_patterns: list[str] | None = None) -> list[tuple[str, int]]:
