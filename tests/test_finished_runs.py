@@ -88,6 +88,19 @@ def test_python_door_loads_a_finished_run_instead_of_training_it(tiny_encoder, t
             assert torch.equal(tensor, saved[name]), name  # the model as that run ended, not a fresh one
 
 
+def test_mocose_loss_stops_a_resume_of_a_finished_run_before_any_step(tiny_encoder, tmp_path):
+    from conftest import make_st_trainer
+
+    out = tmp_path / "st"
+    make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4).train()
+    before = snapshot(out)
+    trainer = make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4)
+    with pytest.raises(ValueError, match="^This run finished at step 4 \\(max_steps 4\\): nothing trained or saved, the "
+                                         "model and loss hold it as it ended. Raise max_steps to train further.$"):
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert snapshot(out) == before and trainer.state.global_step == 4  # no step 5, no checkpoint-5
+
+
 # ----------------------------------------------------------------------------- the last evaluation, once
 def test_the_script_evaluates_the_last_step_once(tiny_encoder, corpus, tmp_path, capsys, evaluations):
     out, dev = tmp_path / "run", write_stsb(tmp_path / "sts-dev.csv")

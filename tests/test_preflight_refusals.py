@@ -67,6 +67,14 @@ def test_a_bad_byte_names_the_file_and_line_before_the_model_loads(suffix, strea
     assert not out.exists()
 
 
+def test_the_python_loader_names_a_bad_byte_too(tmp_path):
+    from hf_mocose.data.corpus import load_sentences
+
+    corpus = write_corpus(tmp_path / "corpus.txt", n=3, extra=b"caf\xe9 au lait\n")
+    with pytest.raises(ValueError, match=f"^train_file '{corpus}' is not UTF-8 text: line 4 holds the byte\\(s\\) e9"):
+        load_sentences(str(corpus))
+
+
 # ----------------------------------------------------------------------------- an output folder that cannot be written
 def unwritable_folder(tmp_path: Path) -> Path:
     """A folder this process cannot create files in: a read-only one (not for root), else one on sysfs."""
@@ -158,6 +166,31 @@ def test_a_checkpoint_of_another_encoder_type_of_the_same_shapes_is_refused_befo
         "tensor shapes, checkpoint vs this run: equal). Resume with the checkpoint's model and settings, or start a "
         "new run in another output_dir.")
     assert snapshot(out) == before
+
+
+def test_mocose_loss_refuses_a_checkpoint_of_another_encoder_type_before_its_loss_state_loads(tiny_encoder, tmp_path):
+    roberta = build_tiny_encoder(tmp_path / "tiny-roberta", "roberta")
+    out = tmp_path / "st"
+    make_st_trainer(roberta, out, save_strategy="steps", save_steps=2, max_steps=2).train()
+    before = snapshot(out)
+    trainer = make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4)
+    queue = trainer.loss.queue.state_dict()
+    with pytest.raises(ValueError, match=f"^Cannot resume from {out / 'checkpoint-2'}: it was saved by another model "
+                                         "than this run's \\(encoder_config.model_type='roberta' in the checkpoint, "
+                                         "encoder_config.model_type='bert' in this run; tensor shapes, checkpoint vs "
+                                         "this run: equal\\)"):
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert snapshot(out) == before and trainer.state.global_step == 2
+    assert all(torch.equal(t, queue[k]) for k, t in trainer.loss.queue.state_dict().items())  # not loaded
+
+
+def test_mocose_loss_refuses_a_loss_state_of_another_method(tiny_encoder, tmp_path):
+    out = tmp_path / "st"
+    make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=2).train()
+    other = make_st_trainer(tiny_encoder, tmp_path / "other", loss_kwargs={"method": "esimcse"}).loss
+    with pytest.raises(ValueError, match="it was saved by another model than this run's \\(method='mocose' in the "
+                                         "checkpoint, method='esimcse' in this run; tensor shapes"):
+        other.load_state(out / "checkpoint-2")
 
 
 def test_a_checkpoint_of_another_method_is_refused_naming_it(tiny_encoder, tmp_path):

@@ -35,11 +35,12 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     """Loads training sentences as a `Dataset` with a `text` column (`text_column` renamed); blank ones are dropped.
 
     `train_file`: one sentence per line (`.txt`), a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
-    `text_column`, or `builtin:python_docs` (the offline corpus); else the `datasets` dataset `dataset_name` (Hub
-    name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column` (IFCL's second text,
-    e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as `fraternal_text` and
-    `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do not fit in memory:
-    blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are not looked for."""
+    `text_column` (UTF-8: `check_utf8`), or `builtin:python_docs` (the offline corpus); else the `datasets` dataset
+    `dataset_name` (Hub name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column`
+    (IFCL's second text, e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as
+    `fraternal_text` and `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do
+    not fit in memory: blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are
+    not looked for."""
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
         dataset = dataset.to_iterable_dataset() if streaming else dataset
@@ -53,6 +54,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         if path.stat().st_size == 0:
             raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
                              "(or rows with a text column).")
+        check_utf8(train_file)  # before `datasets` reads it, which fails mid-read naming neither file nor line
         extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
         dataset = load_dataset(builder, data_files=str(path), split="train", streaming=streaming, **extra)
     elif dataset_name is not None:

@@ -245,9 +245,7 @@ def prepare_resume(value, args, model) -> str | None:
                            " %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's step and "
                            "the schedules follow the new size); trainer_state.json and the model card record %s from "
                            "here on.", resume, saved // max(1, args.n_gpu), size, size)
-        if changed := check_resume_compatible(resume, model):
-            logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
-                           "on with this run's values.", resume, changed)
+        check_resume_compatible(resume, model)
     if args.should_save:
         remove_interrupted_checkpoints(args.output_dir, after_step=resumed_step(resume))
     return resume
@@ -296,23 +294,31 @@ def _model_fields(config) -> dict:
 
 
 def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, tuple]:
-    """Refuses a checkpoint of another model (weights that do not fit `model`, another encoder type or method),
-    naming what differs; returns the other `MODEL_CONFIG_FIELDS` that differ, `{field: (checkpoint, model)}`."""
+    """`check_same_model` for a `MoCoSEModel` and its `checkpoint` folder (config and safetensors headers)."""
     checkpoint = Path(checkpoint)
     # Read back through the config class, so that defaults left out of config.json compare equal.
     saved = _model_fields(type(model.config).from_pretrained(checkpoint))
     current = _model_fields(model.config)
-    differing = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
-                 if saved.get(k) != current.get(k)}
-    shapes = _saved_shapes(checkpoint)
-    model_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    mismatched = [] if shapes is None else [f"{name} {shapes.get(name)} vs {model_shapes.get(name)}"
-                                            for name in sorted(set(shapes) | set(model_shapes))
-                                            if shapes.get(name) != model_shapes.get(name)]
-    # Another encoder type or method of the same shapes would load, and its optimizer state land on other parameters.
+    current.update((k, None) for k in set(saved) - set(current))
+    return check_same_model(checkpoint, saved, current, _saved_shapes(checkpoint),
+                            {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()})
+
+
+def check_same_model(checkpoint, saved: dict, current: dict, saved_shapes: dict | None, shapes: dict) -> dict:
+    """Refuses a checkpoint of another model, naming what differs: its tensor shapes, its encoder type or method
+    (`saved` vs `current` fields; one of the same shapes would load, and its optimizer state land on other
+    parameters). Warns about, and returns as `{field: (checkpoint, this run)}`, the other `MODEL_CONFIG_FIELDS`
+    that differ. `current` holds every key of `saved`; `saved_shapes` None: not compared."""
+    differing = {k: (saved.get(k), current.get(k)) for k in sorted(current) if saved.get(k) != current[k]}
+    mismatched = [] if saved_shapes is None else [f"{name} {saved_shapes.get(name)} vs {shapes.get(name)}"
+                                                  for name in sorted(set(saved_shapes) | set(shapes))
+                                                  if saved_shapes.get(name) != shapes.get(name)]
     kinds = {k: v for k, v in differing.items() if k in ("method", "encoder_config.model_type")}
     if not mismatched and not kinds:
-        return {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}
+        if changed := {k: v for k, v in differing.items() if k in MODEL_CONFIG_FIELDS}:
+            logger.warning("Resuming from %s with changed model settings (checkpoint, this run): %s; training goes "
+                           "on with this run's values.", checkpoint, changed)
+        return changed
     fields = "; ".join(f"{k}={a!r} in the checkpoint, {k}={b!r} in this run"
                        for k, (a, b) in (kinds or differing).items()) or "no model field differs"
     shapes = ", ".join(mismatched[:3]) + (", ..." if len(mismatched) > 3 else "") or "equal"

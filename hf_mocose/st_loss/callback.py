@@ -6,7 +6,8 @@ stops at its first step with an error naming this fix. Event by event:
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
 * `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip, `launch.preflight`'s), the data checks, a
-  resumed run's loss state, rank 0's heads, target and queue on every process.
+  resumed run's loss state (another model's refused, a finished run's stops here), rank 0's heads, target and queue
+  on every process.
 * `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
 * `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
@@ -105,6 +106,10 @@ class MoCoSELossCallback(EMATargetCallback):
             check_training_data(loss, part, args)
         if state.global_step > 0:
             self._restore(args, state)
+            if 0 < state.max_steps <= state.global_step:  # the Trainer would train one step more and save it
+                raise ValueError(f"This run finished at step {state.global_step} (max_steps {state.max_steps}): nothing "
+                                 "trained or saved, the model and loss hold it as it ended. Raise max_steps to train "
+                                 "further.")
         loss._restored = None
         if get_world_size() > 1:
             broadcast_from_first_rank(*loss.state_modules().values())
