@@ -16,6 +16,7 @@ import torch
 from conftest import REPO_ROOT, gradient_recorder, make_st_trainer, tiny_sentence_transformer
 from datasets import Dataset
 from torch.nn import functional as F
+from transformers import TrainerCallback
 
 from hf_mocose.data.corpus import python_docs_sentences
 from hf_mocose.models.ema import ema_decay_at
@@ -217,6 +218,25 @@ def test_heads_are_clipped_jointly_with_the_model(tiny_encoder, tmp_path):
         assert torch.allclose(clipped[name], raw[name] * 0.05 / (joint + 1e-6), atol=1e-7, rtol=1e-4), name
     assert trainer.loss.callback.head_gradients.last_grad_norm.item() == pytest.approx(joint, rel=1e-5)
     assert trainer.state.log_history[0]["grad_norm"] == pytest.approx(_norm(raw, "model."), rel=1e-5)
+
+
+def test_each_step_starts_with_no_head_gradient(tiny_encoder, tmp_path):
+    """transformers' loop zeroes the model's gradients; sentence-transformers 6 also the optimizer's, 5.x did not, so
+    the heads' gradients added up over the steps (resumed runs then differed from uninterrupted ones). The callback
+    zeroes them itself: checked here with sentence-transformers' zeroing taken out, as on 5.x."""
+    trainer = make_st_trainer(tiny_encoder, tmp_path, max_steps=3, **QUIET)
+    for callback in list(trainer.callback_handler.callbacks):
+        if type(callback).__name__ == "_OptimizerZeroGradCallback":  # sentence-transformers >= 6
+            trainer.remove_callback(callback)
+    left = []
+
+    class HeadGradientsAtStepBegin(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            left.append(sum(float(p.grad.abs().sum()) for p in trainer.loss.online_head.parameters() if p.grad is not None))
+
+    trainer.add_callback(HeadGradientsAtStepBegin())
+    trainer.train()
+    assert left == [0.0, 0.0, 0.0]
 
 
 def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path):

@@ -10,9 +10,10 @@ stops at its first step with an error naming this fix. Event by event:
   on every process.
 * `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
-* `on_step_end` / `on_epoch_end` (after `DefaultFlowCallback` has set `control.should_save`) and
-  `on_evaluate` (`save_strategy="best"`, deciding as the Trainer is about to): the loss state written into
-  the coming checkpoint, so it is there before `_save_checkpoint` starts a Hub push; `on_save` checks.
+* `on_step_end` / `on_epoch_end`: the heads' gradients zeroed (the Trainer zeroes the model's). After
+  `DefaultFlowCallback` has set `control.should_save`, and at `on_evaluate` (`save_strategy="best"`, deciding as
+  the Trainer is about to): the loss state written into the coming checkpoint, so it is there before
+  `_save_checkpoint` starts a Hub push; `on_save` checks.
 
 The loss state in checkpoints: `st_loss.checkpoints`; the data checks: `st_loss.inputs`.
 """
@@ -114,6 +115,7 @@ class MoCoSELossCallback(EMATargetCallback):
         if get_world_size() > 1:
             broadcast_from_first_rank(*loss.state_modules().values())
         self.head_gradients.max_grad_norm = args.max_grad_norm
+        loss.online_head.zero_grad()  # none left from an earlier train() or backward
         self._training, self._saved_step = True, None
         loss._ready = True
 
@@ -152,6 +154,9 @@ class MoCoSELossCallback(EMATargetCallback):
 
     # ----------------------------------------------------------------- checkpoints
     def on_step_end(self, args, state, control, **kwargs):
+        # The Trainer's loop zeroes the model's gradients only: sentence-transformers < 6 left the heads' to add up
+        # over the steps (6 zeroes the optimizer's, the same thing).
+        self.mocose_loss.online_head.zero_grad()
         self._save_if_due(args, state, control.should_save)
 
     on_epoch_end = on_step_end
