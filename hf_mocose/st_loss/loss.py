@@ -1,14 +1,11 @@
-"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, an adapter over `models.objective.ContrastiveObjective`.
-
-Beside it: `st_loss.callback` (EMA, clipping, checkpoints of the loss state), `st_loss.distributed`.
-"""
+"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, an adapter over `models.objective.ContrastiveObjective`."""
 
 from __future__ import annotations
 
 import copy
 from collections import OrderedDict
 from collections.abc import Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -137,8 +134,7 @@ class MoCoSELoss(nn.Module):
         self.objective = ContrastiveObjective.from_settings(config, s)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
-        hidden = model.get_embedding_dimension()
-        if not hidden:
+        if not (hidden := model.get_embedding_dimension()):
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
@@ -275,12 +271,9 @@ class MoCoSELoss(nn.Module):
             captured["words"] = output if perturbation is None else output + perturbation.to(output.dtype)
             return captured["words"]
 
-        handle = _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else None
-        try:
+        # torch's hook handle is a context manager: it removes the hook when the block ends, however it ends
+        with _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else nullcontext():
             yield captured
-        finally:
-            if handle is not None:
-                handle.remove()
 
     # ----------------------------------------------------------------- data and checkpoints
     def check_dataset(self, dataset, args=None) -> None:
