@@ -156,8 +156,7 @@ class MoCoSEModel(PreTrainedModel):
         return self.branches.target_modules()
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
-        """Matching tensors of both branches for the EMA update: `(online_params, target_params, online_copied,
-        target_copied)`, averaged / copied (buffers; the embedding module with `shared_embeddings="module"`)."""
+        """`EMATensorPairs` of both branches (with `shared_embeddings="module"` the embedding module's are copied)."""
         shared = self.online_encoder.get_input_embeddings().weight
         copied_online, copied_target = self._shared_embedding_module_tensors()
         online_p, target_p, online_b, target_b = self.branches.ema_parameter_pairs(self.online_encoder,
@@ -241,9 +240,6 @@ class MoCoSEModel(PreTrainedModel):
             negatives_as_anchors: the hard negatives are anchors too (`negative_queries`: UNA as in its paper).
             inputs_embeds: `(B, L, H)` the online word embeddings, looked up by the caller so that FGSM gets
                 their gradient under `torch_compile`.
-
-        Returns:
-            `MoCoSEOutput`.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
