@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from .branches import ContrastiveBranches, Encoders, MoCoSEOutput
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
-from .ema import EMATensorPairs, local_shards
+from .ema import EMATensorPairs, ema_tensor_pairs, local_shards
 from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
                            set_encoder_dropout, start_from_pretrained)
 from .heads import init_head_weights
@@ -174,10 +174,9 @@ class MoCoSEModel(PreTrainedModel):
             raise ValueError(f"shared_embeddings='module' needs an encoder whose word embeddings sit in an embedding "
                              f"module (as BERT's `embeddings`); {type(self.online_encoder).__name__} keeps them at "
                              "its top level: use shared_embeddings='word'.")
-        online, target = self.online_encoder.get_submodule(path), self.target_encoder.get_submodule(path)
-        target_named = dict(target.named_parameters())
-        pairs = [(p, target_named[n]) for n, p in online.named_parameters() if p is not word.weight]
-        return [o for o, _ in pairs], [t for _, t in pairs]
+        pairs = ema_tensor_pairs([(self.online_encoder.get_submodule(path), self.target_encoder.get_submodule(path))],
+                                 skip=[word.weight])
+        return pairs.online_params, pairs.target_params
 
     @torch.no_grad()
     def copy_online_to_target(self) -> None:
