@@ -233,9 +233,8 @@ class MoCoSELoss(nn.Module):
             positive = None  # the key reads the anchor itself (and FGSM's delta with fgsm_views="both")
         queue, autocast, perturbation = self.queue, SimpleNamespace(state=AutocastState()), None
         if training and self.fgsm.mode != "off":
-            probe = None
-            if self.fgsm.mode == "exact":  # on the unwrapped model: no DDP hooks for the probe
-                probe = branches.forward(self._encoders(self.online_model, autocast), anchor, positive)
+            probe = (branches.forward(self._encoders(self.online_model, autocast), anchor, positive)
+                     if self.fgsm.mode == "exact" else None)  # on the unwrapped model: no DDP hooks for the probe
             shape = (*anchor["input_ids"].shape, _word_embeddings(self.online_model).weight.shape[1])
             perturbation = self.objective.perturbation(torch.Size(shape), probe, queue)
         outputs = branches.forward(self._encoders(self.model, autocast), anchor, positive, perturbation,
