@@ -57,8 +57,7 @@ class MoCoSEConfig(PretrainedConfig):
     def __init__(self, encoder_config: dict | PretrainedConfig | None = None, *, fraternal_vocab_size: int | None = None,
                  base_max_seq_length: int | None = None, base_model_name_or_path: str | None = None, **kwargs):
         if isinstance(encoder_config, dict):
-            encoder_config = dict(encoder_config)
-            encoder_config = AutoConfig.for_model(encoder_config.pop("model_type", "bert"), **encoder_config)
+            encoder_config = AutoConfig.for_model(**{"model_type": "bert", **encoder_config})
         self.encoder_config = encoder_config
         for name, value in take_settings(kwargs, MODEL_SETTINGS).items():  # the method settings, validated
             setattr(self, name, value)

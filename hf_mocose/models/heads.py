@@ -68,6 +68,5 @@ def build_predictor(hidden: int, n_layers: int, width: int | None, dropout: floa
     `hidden` (h): the width of queries and keys. `init="identity"` starts it near a pass-through, tanh(LayerNorm(x))."""
     if n_layers == 0:
         return nn.Sequential()
-    width = width or hidden
-    dims = [hidden] + [width] * (n_layers - 1)
+    dims = [hidden] + [width or hidden] * (n_layers - 1)
     return nn.Sequential(*_blocks(dims, dropout, init), head_linear(dims[-1], hidden, init), nn.Tanh())

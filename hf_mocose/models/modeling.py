@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from .branches import ContrastiveBranches, Encoders, MoCoSEOutput
 from .configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
-from .ema import EMATensorPairs, local_shards
+from .ema import EMATensorPairs, ema_tensor_pairs, local_shards
 from .encoder_init import (CONFIG_LOCATION_KWARGS, build_encoder, check_is_encoder, load_pretrained_encoder,
                            set_encoder_dropout, start_from_pretrained)
 from .heads import init_head_weights
@@ -156,8 +156,7 @@ class MoCoSEModel(PreTrainedModel):
         return self.branches.target_modules()
 
     def ema_parameter_pairs(self) -> EMATensorPairs:
-        """Matching tensors of both branches for the EMA update: `(online_params, target_params, online_copied,
-        target_copied)`, averaged / copied (buffers; the embedding module with `shared_embeddings="module"`)."""
+        """`EMATensorPairs` of both branches (with `shared_embeddings="module"` the embedding module's are copied)."""
         shared = self.online_encoder.get_input_embeddings().weight
         copied_online, copied_target = self._shared_embedding_module_tensors()
         online_p, target_p, online_b, target_b = self.branches.ema_parameter_pairs(self.online_encoder,
@@ -175,10 +174,9 @@ class MoCoSEModel(PreTrainedModel):
             raise ValueError(f"shared_embeddings='module' needs an encoder whose word embeddings sit in an embedding "
                              f"module (as BERT's `embeddings`); {type(self.online_encoder).__name__} keeps them at "
                              "its top level: use shared_embeddings='word'.")
-        online, target = self.online_encoder.get_submodule(path), self.target_encoder.get_submodule(path)
-        target_named = dict(target.named_parameters())
-        pairs = [(p, target_named[n]) for n, p in online.named_parameters() if p is not word.weight]
-        return [o for o, _ in pairs], [t for _, t in pairs]
+        pairs = ema_tensor_pairs([(self.online_encoder.get_submodule(path), self.target_encoder.get_submodule(path))],
+                                 skip=[word.weight])
+        return pairs.online_params, pairs.target_params
 
     @torch.no_grad()
     def copy_online_to_target(self) -> None:
@@ -241,9 +239,6 @@ class MoCoSEModel(PreTrainedModel):
             negatives_as_anchors: the hard negatives are anchors too (`negative_queries`: UNA as in its paper).
             inputs_embeds: `(B, L, H)` the online word embeddings, looked up by the caller so that FGSM gets
                 their gradient under `torch_compile`.
-
-        Returns:
-            `MoCoSEOutput`.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

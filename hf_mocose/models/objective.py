@@ -131,8 +131,7 @@ def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:
     if not loss.requires_grad:
         fn()
         return
-    engine = Variable._execution_engine
-    loss.register_hook(lambda grad: engine.queue_callback(fn))
+    loss.register_hook(lambda grad: Variable._execution_engine.queue_callback(fn))
 
 
 class ContrastiveObjective:

@@ -40,9 +40,7 @@ class KeyQueue(nn.Module):
     @torch.no_grad()
     def enqueue(self, new_keys: torch.Tensor) -> None:
         """Writes `(N, D)` keys (normalised here) in one indexed copy, wrapping around (N > K: the last K)."""
-        new_keys = F.normalize(new_keys.detach().float(), dim=1)
-        if new_keys.shape[0] > self.capacity:
-            new_keys = new_keys[-self.capacity :]
+        new_keys = F.normalize(new_keys.detach().float(), dim=1)[-self.capacity :]
         n = new_keys.shape[0]
         slots = (self.queue_ptr + torch.arange(n, device=self.keys.device)) % self.capacity
         self.keys.index_copy_(0, slots, new_keys)

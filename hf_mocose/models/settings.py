@@ -208,17 +208,14 @@ def validate_settings(values: dict[str, Any]) -> None:
             raise ValueError(f"queue_init_size (K_s) must be between 0 and queue_size={queue_size}, got {init_size!r}.")
     if method == "simcse" and not _get(values, "in_batch_negatives"):
         raise ValueError("method='simcse' has no queue: it needs in_batch_negatives=True.")
-    rate = values.get("word_repetition_rate")
-    if rate is not None and not 0.0 <= rate <= 1.0:
+    if (rate := values.get("word_repetition_rate")) is not None and not 0.0 <= rate <= 1.0:
         raise ValueError(f"word_repetition_rate must be in [0, 1], got {rate!r}.")
     for name in ("projection_layers", "predictor_layers"):
         if values.get(name, 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {values[name]!r}.")
-    predictor_dim = values.get("predictor_dim")
-    if predictor_dim is not None and predictor_dim < 1:
+    if (predictor_dim := values.get("predictor_dim")) is not None and predictor_dim < 1:
         raise ValueError(f"predictor_dim must be >= 1 (or None for the hidden size), got {predictor_dim!r}.")
-    projection_dim = values.get("projection_dim")
-    if projection_dim is not None:
+    if (projection_dim := values.get("projection_dim")) is not None:
         if isinstance(projection_dim, bool) or not isinstance(projection_dim, int) or projection_dim < 1:
             raise ValueError(f"projection_dim must be a whole number >= 1 (or None for the hidden size), "
                              f"got {projection_dim!r}.")
@@ -231,14 +228,12 @@ def validate_settings(values: dict[str, Any]) -> None:
     _choice(values, "head_init", HEAD_INITS)
     if not 0 <= _get(values, "head_dropout") < 1:
         raise ValueError(f"head_dropout must be in [0, 1), got {values['head_dropout']!r}.")
-    encoder_dropout = values.get("encoder_dropout")
-    if encoder_dropout is not None and not 0 <= encoder_dropout < 1:
+    if (encoder_dropout := values.get("encoder_dropout")) is not None and not 0 <= encoder_dropout < 1:
         raise ValueError(f"encoder_dropout must be in [0, 1), got {encoder_dropout!r}.")
     fusion = _get(values, "fraternal_fusion")
     if not 0.0 <= fusion <= 1.0:
         raise ValueError(f"fraternal_fusion (epsilon) must be in [0, 1], got {fusion!r}.")
-    max_len = _get(values, "max_seq_length")
-    if max_len is not None and max_len < 2:
+    if (max_len := _get(values, "max_seq_length")) is not None and max_len < 2:
         raise ValueError(f"max_seq_length must be >= 2, got {max_len!r}.")
     # The settings of the training run, not of the model: the EMA schedule, FGSM and the heads' learning rate.
     for name in ("ema_decay_start", "ema_decay_end"):
@@ -255,8 +250,7 @@ def validate_settings(values: dict[str, Any]) -> None:
         raise ValueError(f"fgsm_epsilon must be >= 0, got {values['fgsm_epsilon']!r}.")
     if not 0.0 <= _get(values, "ifcl_forgetting") < 1.0:
         raise ValueError(f"ifcl_forgetting (lambda) must be in [0, 1), got {values['ifcl_forgetting']!r}.")
-    rate = _get(values, "head_learning_rate")
-    if rate is not None and not rate > 0:
+    if (rate := _get(values, "head_learning_rate")) is not None and not rate > 0:
         raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {rate!r}.")
 
 

@@ -14,8 +14,6 @@ stops at its first step with an error naming this fix. Event by event:
   `DefaultFlowCallback` has set `control.should_save`, and at `on_evaluate` (`save_strategy="best"`, deciding as
   the Trainer is about to): the loss state written into the coming checkpoint, so it is there before
   `_save_checkpoint` starts a Hub push; `on_save` checks.
-
-The loss state in checkpoints: `st_loss.checkpoints`; the data checks: `st_loss.inputs`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, an adapter over `models.objective.ContrastiveObjective`.
-
-Beside it: `st_loss.callback` (EMA, clipping, checkpoints of the loss state), `st_loss.distributed`.
-"""
+"""`MoCoSELoss`: MoCoSE as a sentence-transformers loss, an adapter over `models.objective.ContrastiveObjective`."""
 
 from __future__ import annotations
 
 import copy
 from collections import OrderedDict
 from collections.abc import Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -137,8 +134,7 @@ class MoCoSELoss(nn.Module):
         self.objective = ContrastiveObjective.from_settings(config, s)
         if self.fgsm.mode != "off":
             _word_embeddings(model)
-        hidden = model.get_embedding_dimension()
-        if not hidden:
+        if not (hidden := model.get_embedding_dimension()):
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
@@ -237,9 +233,8 @@ class MoCoSELoss(nn.Module):
             positive = None  # the key reads the anchor itself (and FGSM's delta with fgsm_views="both")
         queue, autocast, perturbation = self.queue, SimpleNamespace(state=AutocastState()), None
         if training and self.fgsm.mode != "off":
-            probe = None
-            if self.fgsm.mode == "exact":  # on the unwrapped model: no DDP hooks for the probe
-                probe = branches.forward(self._encoders(self.online_model, autocast), anchor, positive)
+            probe = (branches.forward(self._encoders(self.online_model, autocast), anchor, positive)
+                     if self.fgsm.mode == "exact" else None)  # on the unwrapped model: no DDP hooks for the probe
             shape = (*anchor["input_ids"].shape, _word_embeddings(self.online_model).weight.shape[1])
             perturbation = self.objective.perturbation(torch.Size(shape), probe, queue)
         outputs = branches.forward(self._encoders(self.model, autocast), anchor, positive, perturbation,
@@ -275,12 +270,9 @@ class MoCoSELoss(nn.Module):
             captured["words"] = output if perturbation is None else output + perturbation.to(output.dtype)
             return captured["words"]
 
-        handle = _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else None
-        try:
+        # torch's hook handle is a context manager: it removes the hook when the block ends, however it ends
+        with _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else nullcontext():
             yield captured
-        finally:
-            if handle is not None:
-                handle.remove()
 
     # ----------------------------------------------------------------- data and checkpoints
     def check_dataset(self, dataset, args=None) -> None:
