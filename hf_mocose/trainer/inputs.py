@@ -195,8 +195,7 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
     """With nothing to score (no `eval_dataset`, no `stsb_dev_file`), the default `eval_strategy="steps"` is
     turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
     from transformers.trainer_utils import IntervalStrategy
-    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
-    if eval_dataset is not None or args.stsb_dev_file or strategy == "no":
+    if eval_dataset is not None or args.stsb_dev_file or args.eval_strategy == "no":
         return
     if args.load_best_model_at_end:
         raise ValueError("load_best_model_at_end needs STS pairs to score: pass eval_dataset (sentence1, sentence2, "
