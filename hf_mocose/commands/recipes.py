@@ -38,13 +38,12 @@ def recipe_purpose(path: Path) -> str:
     return first.lstrip("#").strip() if first.startswith("#") else ""
 
 
-def print_recipes() -> int:
+def print_recipes() -> None:
     recipes = named_files(RECIPES)
     width = max(map(len, recipes), default=0)
     print("Recipes (hf-mocose train RECIPE, or a path to your own YAML):")
     print("\n".join(f"  {name:<{width}}  {recipe_purpose(path)}" for name, path in recipes.items()))
     print(f"Launcher configs (--accelerate_config NAME, or a path): {', '.join(named_files(ACCELERATE_CONFIGS))}")
-    return 0
 
 
 def register(subparsers) -> None:

@@ -63,10 +63,8 @@ def load_sweep(path: str | Path, output_root: str | Path) -> tuple[str, str, lis
         raise ValueError(f"{path} needs exactly one of `runs` (a list) or `grid` (a mapping of lists).")
     name = spec.get("name", path.stem)
     shared = dict(spec.get("overrides") or {})
-    if "runs" in spec:
-        entries = [dict(run or {}) for run in spec["runs"]]
-    else:
-        entries = [dict(zip(spec["grid"], values)) for values in itertools.product(*spec["grid"].values())]
+    entries = ([dict(run or {}) for run in spec["runs"]] if "runs" in spec
+               else [dict(zip(spec["grid"], values)) for values in itertools.product(*spec["grid"].values())])
     runs = []
     for index, entry in enumerate(entries):
         run_name = str(entry.pop("name", None) or "-".join(f"{k}={_flag_value(v)}" for k, v in entry.items()) or f"run{index}")

@@ -115,7 +115,7 @@ def check_trainer_switches(trainer) -> None:
 def check_metric_for_best_model(args, eval_dataset) -> None:
     """Refuses a `metric_for_best_model` the STS evaluation never returns (a KeyError mid-training otherwise)."""
     metric = args.metric_for_best_model
-    if metric is None or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+    if metric is None or args.eval_strategy == "no":
         return
     prefixes = [f"eval_{name}" for name in eval_dataset] if isinstance(eval_dataset, dict) else ["eval"]
     produced = [f"{prefix}_{name}" for prefix in prefixes for name in STS_METRICS]

@@ -74,7 +74,7 @@ def build_mocose_model(model, args, fraternal_model_name_or_path: str | None = N
         location = {k: kwargs[k] for k in CONFIG_LOCATION_KWARGS if k in kwargs}
         built = MoCoSEModel.from_pretrained(resolve_model_path(source, field, location), **kwargs,
                                             **args.model_config_kwargs(), **fraternal)
-        if source == BUILTIN_MINILM and built.config.base_model_name_or_path != MINILM_HUB_ID:
+        if source == BUILTIN_MINILM:
             built.config.base_model_name_or_path = MINILM_HUB_ID  # not the package's folder: the card names it
         return built
     if isinstance(model, PreTrainedModel):
@@ -117,11 +117,11 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
                      "processing_class=AutoTokenizer.from_pretrained(...).")
 
 
-def check_train_dataset(dataset, args=None):
+def check_train_dataset(dataset, args):
     """The training data's checks, run before any model is loaded; returns the dataset to tokenise. Tokenised
     rows or non-blank `text` rows are needed (unknown columns, as a torch `Dataset`'s, pass); anything else is
     refused naming its columns. A streamed dataset needs `max_steps` and cannot feed UNA."""
-    if args is not None and isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
+    if isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
         if args.max_steps <= 0:
             raise ValueError("train_dataset is streamed (an IterableDataset, read as training goes, with no length): "
                              "set max_steps, the number of optimizer steps to train for.")
@@ -134,7 +134,7 @@ def check_train_dataset(dataset, args=None):
             logger.info("A streamed train_dataset under %d processes: batches padded to max_seq_length.", args.world_size)
             args.pad_to_max_length = True
     columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None:
+    if columns is None:
         return dataset
     if "input_ids" in columns:
         if isinstance(dataset, Dataset) and len(dataset) == 0:
@@ -195,8 +195,7 @@ def turn_off_evaluation_without_sts_pairs(args, eval_dataset) -> None:
     """With nothing to score (no `eval_dataset`, no `stsb_dev_file`), the default `eval_strategy="steps"` is
     turned off, saying so, instead of `Trainer` refusing to start; `load_best_model_at_end` is refused instead."""
     from transformers.trainer_utils import IntervalStrategy
-    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
-    if eval_dataset is not None or args.stsb_dev_file or strategy == "no":
+    if eval_dataset is not None or args.stsb_dev_file or args.eval_strategy == "no":
         return
     if args.load_best_model_at_end:
         raise ValueError("load_best_model_at_end needs STS pairs to score: pass eval_dataset (sentence1, sentence2, "

@@ -145,8 +145,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         if fresh and self.args.head_learning_rate is not None:
             heads = {id(p) for p in self.accelerator.unwrap_model(self.model).head_parameters()}
             for group in list(optimizer.param_groups):
-                head_params = [p for p in group["params"] if id(p) in heads]
-                if head_params:
+                if head_params := [p for p in group["params"] if id(p) in heads]:
                     group["params"] = [p for p in group["params"] if id(p) not in heads]
                     settings = {k: v for k, v in group.items() if k != "params"}
                     optimizer.add_param_group({**settings, "params": head_params, "lr": self.args.head_learning_rate})

@@ -63,8 +63,7 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
                  batch_size: int = 64, name: str = STS_EVALUATOR_NAME, write_csv: bool = True):
         super().__init__(list(sentences1), list(sentences2), [float(s) for s in scores], batch_size=batch_size,
                          main_similarity="cosine", name=name, write_csv=write_csv)
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+        self.tokenizer, self.max_length = tokenizer, max_length
         self.embeddings: list[np.ndarray] = []  # of the last call: sentences1's, then sentences2's
 
     def embed_inputs(self, model, sentences, **kwargs) -> np.ndarray:

@@ -178,7 +178,7 @@ class MoCoSETrainingArguments(MethodSettingsArguments, TrainingArguments):
             raise ValueError(f"num_train_epochs must be > 0 when max_steps is not set, got {self.num_train_epochs!r}.")
         for name, strategy in (("save_steps", self.save_strategy), ("eval_steps", self.eval_strategy)):
             value = getattr(self, name)
-            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and not value > 0:
+            if strategy == "steps" and value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 with {name[:4]}_strategy='steps', got {value!r}.")
         if not self.learning_rate >= 0:
             raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate!r}.")
