@@ -43,10 +43,7 @@ def read_lines(path: str | Path) -> list[str]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         text = raw.decode("latin-1")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def require_senteval_file(path: Path, layout_help: str = LAYOUT_HELP) -> Path:
