@@ -18,7 +18,6 @@ __version__ = "0.1.0"
 
 register_mocose_with_auto_classes()
 
-# Public name -> the module that defines it, imported when the name is first used.
 _LAZY_EXPORTS = {
     "MoCoSEConfig": ".models.modeling",  # (defined in .models.configuration; .models.modeling registers both)
     "MoCoSEModel": ".models.modeling", "MoCoSELoss": ".st_loss.loss", "MoCoSETrainer": ".trainer.mocose_trainer",
