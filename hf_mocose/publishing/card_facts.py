@@ -83,8 +83,7 @@ def card_facts(trainer) -> dict[str, Any]:
 
 
 def save_card_facts(folder: str | os.PathLike, trainer) -> Path:
-    """Writes `card_facts(trainer)` to `folder`/card_facts.json; `MoCoSETrainer` calls it wherever it saves a model
-    or checkpoint (main process), so `hf-mocose export` of any of them writes the card without the run."""
+    """Writes `card_facts(trainer)` to `folder`/card_facts.json (`MoCoSETrainer`, main process: see the module)."""
     path = Path(folder) / CARD_FACTS_JSON
     facts = json.dumps(card_facts(trainer), indent=2, sort_keys=True, ensure_ascii=False, default=str)
     path.write_text(facts + "\n", encoding="utf-8")

@@ -26,7 +26,7 @@ TRAINING_FIELDS = {
     **_setting_rows("optimizer"),
     "optim": "optimizer", "adam_beta1": "Adam β1", "adam_beta2": "Adam β2", "adam_epsilon": "Adam ε",
     "weight_decay": "weight decay", "max_grad_norm": "gradient clipping (max norm)",
-    "bf16": "mixed precision",  # one row for bf16/fp16, see `_mixed_precision`
+    "bf16": "mixed precision",  # one row for bf16/fp16, see `training_rows`
     "num_train_epochs": "epochs", "max_steps": "max optimizer steps", "lr_scheduler_type": "LR schedule",
     "warmup_steps": "warm-up steps", "seed": "seed", "load_best_model_at_end": "checkpoint exported",
     # method-family switches, shown when the run set them
@@ -79,7 +79,8 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
         for name in ("fgsm_epsilon", "fgsm_epsilon_unit", "fgsm_views"):
             train.pop(name, None)
     if "bf16" in train:
-        train["bf16"] = _mixed_precision(recorded)
+        train["bf16"] = ("bf16 (autocast; fp32 master weights)" if recorded.get("bf16") else
+                         "fp16 (autocast with loss scaling; fp32 master weights)" if recorded.get("fp16") else "no (fp32)")
     if "head_learning_rate" in train and train["head_learning_rate"] is None:
         encoder_rate = recorded.get("learning_rate", "the encoder's")
         train["head_learning_rate"] = f"{encoder_rate} (the encoder's rate, as in the paper)"
@@ -94,12 +95,6 @@ def training_rows(recorded: dict[str, Any]) -> list[tuple[str, Any]]:
         train["load_best_model_at_end"] = (f"the best by {metric} (load_best_model_at_end)"
                                            if train["load_best_model_at_end"] else "the last step's")
     return [(TRAINING_FIELDS[name], _spelled_out(value)) for name, value in train.items()]
-
-
-def _mixed_precision(recorded: dict[str, Any]) -> str:
-    if recorded.get("bf16"):
-        return "bf16 (autocast; fp32 master weights)"
-    return "fp16 (autocast with loss scaling; fp32 master weights)" if recorded.get("fp16") else "no (fp32)"
 
 
 def model_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:

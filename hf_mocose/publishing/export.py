@@ -1,6 +1,4 @@
-"""Export a MoCoSE checkpoint as a plain sentence-transformers model (online branch only), with its model card.
-
-    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
+"""`hf-mocose export`: a MoCoSE checkpoint as a plain sentence-transformers model (online branch only), with its card.
 
 Built from sentence-transformers' own modules and written by its own `save`: Transformer (online encoder + tokenizer)
 -> Pooling ("cls" for sentence_pooling cls / cls_dense, "mean" for mean) -> Dense (the online pooler Linear, identity

@@ -109,11 +109,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TEST_TASKS):
         avg, avg_over = sum(sts[t]["spearman"] for t in STS_TEST_TASKS) / len(STS_TEST_TASKS), list(STS_TEST_TASKS)
     complete = set(STS_TEST_TASKS) <= set(avg_over)
-    transfer_avg = flat.get("transfer_avg")
     return {"sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
             "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
             "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
-            "transfer_avg": float(transfer_avg) if isinstance(transfer_avg, (int, float)) else None}
+            "transfer_avg": float(flat["transfer_avg"]) if isinstance(flat.get("transfer_avg"), (int, float)) else None}
 
 
 CITATIONS = {
@@ -312,15 +311,12 @@ def training_data_tables(training_data: dict[str, Any] | None) -> dict[str, str]
     return {"stats_table": stats.replace("-:|", "--|"), "examples_table": samples.replace("-:|", "--|")}
 
 
-DEFAULT_TEMPLATE = "mocose.md.j2"
-
-
 def find_template(template: str | os.PathLike | None = None) -> Path:
     """The card template: `template` if it is a file, else that name (default `mocose.md.j2`)
     in the repository's `model_cards/` folder (source checkouts) or the installed package data."""
     if template is not None and Path(template).is_file():
         return Path(template)
-    name = DEFAULT_TEMPLATE if template is None else str(template)
+    name = "mocose.md.j2" if template is None else str(template)
     candidates = [Path(__file__).resolve().parents[2] / "model_cards" / name,
                   Path(str(resources.files("hf_mocose") / "templates" / name))]
     if (found := next((candidate for candidate in candidates if candidate.is_file()), None)) is None:
