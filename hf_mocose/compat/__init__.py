@@ -5,7 +5,8 @@ setup.cfg's floors are transformers 4.56, sentence-transformers 5.4 and huggingf
 Each name here is the library's own where the installed version has it, else the same behaviour written out:
 
 - sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`;
-- transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods);
+- transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods),
+  `Trainer.set_initial_training_values` also takes the global batch size, and callbacks have no `on_push_begin`;
 - huggingface_hub < 1: requests instead of httpx, no `constants.is_offline_mode`, no `RemoteEntryNotFoundError`;
 - huggingface_hub < 1.4: no `EvalResultEntry`, the Hub's `.eval_results/` format (None here: no such files).
 
@@ -14,6 +15,7 @@ May import: nothing in hf_mocose (every layer may import it).
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,6 +45,21 @@ def _sort_checkpoints(output_dir: str) -> list[str]:
 sort_checkpoints = getattr(_trainer_utils, "sort_checkpoints", _sort_checkpoints)
 align_special_tokens = getattr(_trainer_utils, "align_special_tokens", lambda model, processing_class: (
     Trainer._align_special_tokens(SimpleNamespace(model=model, processing_class=processing_class))))
+
+
+def planned_max_steps(trainer, dataloader) -> int:
+    """The optimizer steps `trainer` will run over `dataloader`, as `Trainer.set_initial_training_values` works them
+    out (transformers < 5 also wants the global batch size there, which only the sample count it returns uses)."""
+    args, values = trainer.args, trainer.set_initial_training_values
+    extra = [args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+             ] if "total_train_batch_size" in inspect.signature(values).parameters else []
+    return values(args, dataloader, *extra)[-1]
+
+
+def announce_push(trainer) -> None:
+    """Runs the callbacks' `on_push_begin`, as `Trainer` does before it pushes (transformers < 5 has no such event)."""
+    if hasattr(trainer.callback_handler, "on_push_begin"):
+        trainer.callback_handler.on_push_begin(trainer.args, trainer.state, trainer.control)
 
 EvalResultEntry = getattr(_hub, "EvalResultEntry", None)
 eval_result_entries_to_yaml = getattr(_hub, "eval_result_entries_to_yaml", None)

@@ -17,6 +17,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..compat import announce_push
 from .eval_results import EVAL_RESULTS_DIR, EVAL_RESULTS_PATTERN
 from .runtimes import RUNTIME_FILES
 
@@ -281,7 +282,7 @@ class HubPublishingMixin:
             return
         if not self.args.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
             return
-        self.callback_handler.on_push_begin(self.args, self.state, self.control)  # as Trainer's own checkpoint push
+        announce_push(self)  # as Trainer's own checkpoint push
         job = push_training_checkpoint(self, checkpoint_folder)
         if self.push_in_progress is None or self.push_in_progress.is_done():
             self.push_in_progress = PushInProgress([job])
@@ -312,7 +313,7 @@ class HubPublishingMixin:
         card_kwargs = card_kwargs_from_trainer_keywords(**kwargs)  # conflicting names fail now, not after saving
         if trainer_repo_id(self) and self.is_world_process_zero():
             validate_repo_id(trainer_repo_id(self))
-        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        announce_push(self)
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:  # as Trainer: push_to_hub=False during training, the repo is made now
             self.init_hf_repo(token=token, private=private)

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, Trainer, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, has_length
 
+from ..compat import planned_max_steps
 from ..data.corpus import ContrastiveCollator
 from ..augmentation.views import EmbeddingAugmentation, repeat_words
 from ..models.mtd import active_queue_window
@@ -222,7 +223,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         preflight(self.args, resume_from_checkpoint, rows)
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         max_steps = self.args.max_steps if resume is None or self.args.max_steps > 0 else \
-            self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+            planned_max_steps(self, self.get_train_dataloader())
         step = resumed_step(resume)
         self.finished_at_step = step if resume and 0 < max_steps <= step else None
         if self.finished_at_step is None:
