@@ -6,7 +6,8 @@ Each name here is the library's own where the installed version has it, else the
 
 - sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`;
 - transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods),
-  `Trainer.set_initial_training_values` also takes the global batch size, and callbacks have no `on_push_begin`;
+  `Trainer.set_initial_training_values` also takes the global batch size, callbacks have no `on_push_begin`, and a
+  resume trains at the checkpoint's batch size whatever the arguments say (`TRAINER_KEEPS_CHECKPOINT_BATCH_SIZE`);
 - huggingface_hub < 1: requests instead of httpx, no `constants.is_offline_mode`, no `RemoteEntryNotFoundError`;
 - huggingface_hub < 1.4: no `EvalResultEntry`, the Hub's `.eval_results/` format (None here: no such files).
 
@@ -25,6 +26,7 @@ import huggingface_hub as _hub
 from huggingface_hub import constants as _hub_constants
 from huggingface_hub import errors as _hub_errors
 from sentence_transformers.util import distributed as _st_distributed
+import transformers
 from transformers import Trainer
 from transformers import trainer_utils as _trainer_utils
 
@@ -45,6 +47,7 @@ def _sort_checkpoints(output_dir: str) -> list[str]:
 sort_checkpoints = getattr(_trainer_utils, "sort_checkpoints", _sort_checkpoints)
 align_special_tokens = getattr(_trainer_utils, "align_special_tokens", lambda model, processing_class: (
     Trainer._align_special_tokens(SimpleNamespace(model=model, processing_class=processing_class))))
+TRAINER_KEEPS_CHECKPOINT_BATCH_SIZE = int(transformers.__version__.split(".")[0]) < 5
 
 
 def planned_max_steps(trainer, dataloader) -> int:
@@ -60,6 +63,7 @@ def announce_push(trainer) -> None:
     """Runs the callbacks' `on_push_begin`, as `Trainer` does before it pushes (transformers < 5 has no such event)."""
     if hasattr(trainer.callback_handler, "on_push_begin"):
         trainer.callback_handler.on_push_begin(trainer.args, trainer.state, trainer.control)
+
 
 EvalResultEntry = getattr(_hub, "EvalResultEntry", None)
 eval_result_entries_to_yaml = getattr(_hub, "eval_result_entries_to_yaml", None)

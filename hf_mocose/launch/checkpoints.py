@@ -24,7 +24,7 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_N
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from ..compat import sort_checkpoints
+from ..compat import TRAINER_KEEPS_CHECKPOINT_BATCH_SIZE, sort_checkpoints
 from ..models.configuration import MODEL_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -239,12 +239,18 @@ def prepare_resume(value, args, model) -> str | None:
     checkpoint folders this run will write again."""
     if (resume := resolve_resume_checkpoint(value, args.output_dir, model_only=args.save_only_model)) is not None:
         saved = json.loads((Path(resume) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("train_batch_size")
-        if saved and saved != args.train_batch_size and not args.auto_find_batch_size and args.should_log:
-            size = args.per_device_train_batch_size
-            logger.warning("Resuming %s, trained at per_device_train_batch_size %s, with per_device_train_batch_size"
-                           " %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's step and "
-                           "the schedules follow the new size); trainer_state.json and the model card record %s from "
-                           "here on.", resume, saved // max(1, args.n_gpu), size, size)
+        if saved and saved != args.train_batch_size and not args.auto_find_batch_size:
+            size, kept = args.per_device_train_batch_size, saved // max(1, args.n_gpu)
+            if TRAINER_KEEPS_CHECKPOINT_BATCH_SIZE:  # so that the arguments, the card and the state say what trains
+                args.per_device_train_batch_size = kept
+                if args.should_log:
+                    logger.warning("Resuming %s at per_device_train_batch_size %s, its own, not %s: transformers < 5 "
+                                   "resumes at the checkpoint's batch size (an exact resume).", resume, kept, size)
+            elif args.should_log:
+                logger.warning("Resuming %s, trained at per_device_train_batch_size %s, with per_device_train_batch_"
+                               "size %s: not an exact resume (steps per epoch, the data skipped to the checkpoint's "
+                               "step and the schedules follow the new size); trainer_state.json and the model card "
+                               "record %s from here on.", resume, kept, size, size)
         check_resume_compatible(resume, model)
     if args.should_save:
         remove_interrupted_checkpoints(args.output_dir, after_step=resumed_step(resume))
