@@ -37,9 +37,23 @@ def test_mocose_trainer_trains_on_a_stream(tiny_encoder, tmp_path):
 
 
 def test_st_loss_trains_on_a_stream(tiny_encoder, tmp_path):
-    trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=_streamed(), max_steps=3)
+    from hf_mocose.compat import SENTENCE_TRANSFORMERS_5
+
+    dispatch = {"accelerator_config": {"dispatch_batches": False}} if SENTENCE_TRANSFORMERS_5 else {}
+    trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=_streamed(), max_steps=3, **dispatch)
     trainer.train()
     assert trainer.state.global_step == 3
+
+
+def test_st_loss_names_dispatch_batches_for_a_stream_under_sentence_transformers_5(tiny_encoder, tmp_path, monkeypatch):
+    from hf_mocose.st_loss import inputs
+
+    monkeypatch.setattr(inputs, "SENTENCE_TRANSFORMERS_5", True)  # what a run there meets (accelerate fails mid-step)
+    trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=_streamed(), max_steps=3)
+    with pytest.raises(ValueError, match=r"^A streamed train_dataset under sentence-transformers < 6: pass "
+                                         r"accelerator_config=\{'dispatch_batches': False\}"):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -4,7 +4,8 @@ setup.cfg's floors are transformers 4.56, sentence-transformers 5.4 and huggingf
 `sentence-transformers[onnx]`: transformers 4.57, sentence-transformers 5.7); `.ci/run` tests them (`.ci/floors.txt`).
 Each name here is the library's own where the installed version has it, else the same behaviour written out:
 
-- sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`;
+- sentence-transformers < 6: `util.distributed` has no `get_rank`/`get_world_size`, and a stream in one process needs
+  `dispatch_batches=False` (`SENTENCE_TRANSFORMERS_5`);
 - transformers < 5: no `trainer_utils.sort_checkpoints` nor `trainer_utils.align_special_tokens` (`Trainer` methods),
   `Trainer.set_initial_training_values` also takes the global batch size, callbacks have no `on_push_begin`, and a
   resume trains at the checkpoint's batch size whatever the arguments say (`TRAINER_KEEPS_CHECKPOINT_BATCH_SIZE`);
@@ -26,10 +27,12 @@ import huggingface_hub as _hub
 from huggingface_hub import constants as _hub_constants
 from huggingface_hub import errors as _hub_errors
 from sentence_transformers.util import distributed as _st_distributed
+import sentence_transformers
 import transformers
 from transformers import Trainer
 from transformers import trainer_utils as _trainer_utils
 
+SENTENCE_TRANSFORMERS_5 = int(sentence_transformers.__version__.split(".")[0]) < 6
 all_gather = _st_distributed.all_gather
 get_rank = getattr(_st_distributed, "get_rank", lambda: dist.get_rank() if dist.is_initialized() else 0)
 get_world_size = getattr(_st_distributed, "get_world_size",

@@ -7,7 +7,7 @@ step, and a streamed dataset read by shards. The method's own limits (queue and 
 
 from __future__ import annotations
 
-from ..compat import get_world_size
+from ..compat import SENTENCE_TRANSFORMERS_5, get_world_size
 from torch import nn
 
 from ..launch.preflight import check_fills_a_batch, check_run
@@ -57,10 +57,17 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
 def check_streamed_data(dataset, args=None) -> None:
     """A streamed dataset (`datasets.IterableDataset`) under several processes: every rank must read its own
     shards of the stream (accelerate does it with `dispatch_batches=False`: sentence-transformers batches raw
-    text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches."""
+    text, which accelerate's default dispatching of a stream cannot concatenate) and keep full batches. Under
+    sentence-transformers < 6 one process needs `dispatch_batches=False` too."""
     from datasets import IterableDataset
     world = get_world_size()
-    if not isinstance(dataset, IterableDataset) or world < 2 or args is None:
+    if not isinstance(dataset, IterableDataset) or args is None:
+        return
+    if world < 2:
+        if SENTENCE_TRANSFORMERS_5 and args.accelerator_config.dispatch_batches is not False:
+            raise ValueError("A streamed train_dataset under sentence-transformers < 6: pass accelerator_config="
+                             "{'dispatch_batches': False} to SentenceTransformerTrainingArguments (accelerate's default "
+                             "dispatching of a stream cannot concatenate the raw text it batches).")
         return
     if args.accelerator_config.dispatch_batches is not False or not args.dataloader_drop_last:
         raise ValueError(f"A streamed train_dataset under {world} processes: pass accelerator_config={{'dispatch_batches': "
