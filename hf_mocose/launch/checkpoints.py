@@ -305,7 +305,6 @@ def check_resume_compatible(checkpoint: str | os.PathLike, model) -> dict[str, t
     # Read back through the config class, so that defaults left out of config.json compare equal.
     saved = _model_fields(type(model.config).from_pretrained(checkpoint))
     current = _model_fields(model.config)
-    current.update((k, None) for k in set(saved) - set(current))
     return check_same_model(checkpoint, saved, current, _saved_shapes(checkpoint),
                             {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()})
 
@@ -314,8 +313,9 @@ def check_same_model(checkpoint, saved: dict, current: dict, saved_shapes: dict 
     """Refuses a checkpoint of another model, naming what differs: its tensor shapes, its encoder type or method
     (`saved` vs `current` fields; one of the same shapes would load, and its optimizer state land on other
     parameters). Warns about, and returns as `{field: (checkpoint, this run)}`, the other `MODEL_CONFIG_FIELDS`
-    that differ. `current` holds every key of `saved`; `saved_shapes` None: not compared."""
-    differing = {k: (saved.get(k), current.get(k)) for k in sorted(current) if saved.get(k) != current[k]}
+    that differ. `saved_shapes` None: not compared."""
+    differing = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
+                 if saved.get(k) != current.get(k)}
     mismatched = [] if saved_shapes is None else [f"{name} {saved_shapes.get(name)} vs {shapes.get(name)}"
                                                   for name in sorted(set(saved_shapes) | set(shapes))
                                                   if saved_shapes.get(name) != shapes.get(name)]
