@@ -174,10 +174,11 @@ def _target_layer(path: Path, prefix: str):
     # torch.compile with FGSM is refused under FSDP2: it trains under DDP, and FSDP2 compiles without FGSM
     # (aot_eager: dynamo and AOTAutograd without inductor's minutes of code generation on a CPU).
     ("quickstart", "ddp", [], ["--torch_compile", "true", "--torch_compile_backend", "aot_eager"]),
+    ("quickstart", "ddp", ["--dynamo_backend", "aot_eager"], []),  # compiled by accelerate, torch_compile false
     ("quickstart", "fsdp2", [], ["--torch_compile", "true", "--torch_compile_backend", "aot_eager",
                                  "--fgsm_mode", "off"]),
 ], ids=["mocose-zero2-fp32", "mocose-ddp-bf16", "simcse-zero2-bf16", "ifcl-zero2-bf16", "mocose-ddp-compile-fgsm",
-        "mocose-fsdp2-compile-no-fgsm"])
+        "mocose-ddp-dynamo-backend-fgsm", "mocose-fsdp2-compile-no-fgsm"])
 def test_what_the_refusals_point_to_trains(recipe, engine, accelerate_args, extra, tiny_encoder, sts_dev, tmp_path):
     """The alternatives the DeepSpeed refusals name train, and MoCoSE's target stays fp32 and moves."""
     argv_extra = [*common_overrides(tiny_encoder, sts_dev), *extra]

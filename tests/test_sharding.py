@@ -18,7 +18,7 @@ from hf_mocose.launch.sharding import (
 )
 
 LAUNCH_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
-              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION")
+              "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND")
 DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
 
 
@@ -93,6 +93,26 @@ def test_compiled_fgsm_is_refused_under_fsdp2_only(tiny_model):
     configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2, torch_compile=True, fgsm_mode="off"),
                        tiny_model.config)
     configure_sharding(_fake_trainer(tiny_model, DistributedType.MULTI_CPU, **compiled_fgsm), tiny_model.config)
+
+
+def test_fgsm_compiled_by_the_accelerate_config_is_refused_under_fsdp2_too(tiny_model, monkeypatch):
+    """accelerate compiles the model for the launch config's `dynamo_backend` whatever `torch_compile` says."""
+    from accelerate.utils import DistributedType
+
+    from hf_mocose.launch.sharding import refuse_sharded_launch
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")
+    refused = r"dynamo_backend 'inductor' \(the accelerate config\) with fgsm_mode='previous' is not supported under FSDP2"
+    with pytest.raises(ValueError, match=refused):
+        configure_sharding(_fake_trainer(tiny_model, DistributedType.FSDP, 2), tiny_model.config)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match=refused):
+        refuse_sharded_launch(SimpleNamespace(method="mocose", fsdp_plugin_args=None, fgsm_mode="previous"))
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    refuse_sharded_launch(SimpleNamespace(method="mocose", fsdp_plugin_args=None, fgsm_mode="previous"))
 
 
 @pytest.mark.parametrize("kind, version, stage", [("FSDP", 2, None), ("DEEPSPEED", None, 2), ("MULTI_CPU", None, None)])

@@ -220,9 +220,14 @@ def test_switch_trains_and_does_its_job(switch, tiny_encoder, tmp_path, baseline
 
 
 # ----------------------------------------------------------------- torch_compile with every FGSM mode
-@pytest.mark.parametrize("fgsm_mode", ["previous", "exact", "off"])
-def test_torch_compile_trains_with_every_fgsm_mode(fgsm_mode, tiny_encoder, tmp_path):
-    """The compiled run equals the eager one, FGSM included (its perturbation changes the losses).
+@pytest.mark.parametrize("fgsm_mode, compiled_by", [("previous", "torch_compile"), ("exact", "torch_compile"),
+                                                     ("off", "torch_compile"), ("previous", "accelerate config"),
+                                                     ("exact", "accelerate config")])
+def test_a_compiled_model_trains_with_every_fgsm_mode(fgsm_mode, compiled_by, tiny_encoder, tmp_path, monkeypatch):
+    """The compiled run equals the eager one, FGSM included (its perturbation changes the losses), whether
+    `torch_compile` or the accelerate config's `dynamo_backend` (`ACCELERATE_DYNAMO_BACKEND`, what `accelerate
+    launch` sets from it) compiles the model: accelerate compiles it then with `torch_compile` false, and FGSM,
+    which read that flag, read its gradient inside the graph and failed at the first backward.
 
     `aot_eager` compiles through dynamo and AOTAutograd, the part that dropped the word embeddings'
     gradient, without inductor's code generation (minutes on 2 CPU cores).
@@ -233,13 +238,20 @@ def test_torch_compile_trains_with_every_fgsm_mode(fgsm_mode, tiny_encoder, tmp_
     torch._dynamo.reset()  # fresh caches: no earlier test's graphs, no recompilation limit reached
     graphs = counters["stats"]["unique_graphs"]
     settings = dict(max_steps=2, fgsm_mode=fgsm_mode)
-    compiled = build(tiny_encoder, tmp_path / "compiled", torch_compile=True, torch_compile_backend="aot_eager",
-                     **settings)
+    if compiled_by == "torch_compile":
+        compiled = build(tiny_encoder, tmp_path / "compiled", torch_compile=True, torch_compile_backend="aot_eager",
+                         **settings)
+    else:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_eager")
+        compiled = build(tiny_encoder, tmp_path / "compiled", **settings)
+        assert not compiled.args.torch_compile
     compiled.train()
     assert is_compiled_module(compiled.model_wrapped)
     assert counters["stats"]["unique_graphs"] > graphs  # dynamo really captured the forward
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)  # transformers < 5 sets it for torch_compile
     eager = build(tiny_encoder, tmp_path / "eager", **settings)
     eager.train()
+    assert not is_compiled_module(eager.model_wrapped)
     assert losses(compiled) == pytest.approx(losses(eager), abs=1e-5)
     if fgsm_mode == "off":
         return

@@ -58,7 +58,7 @@ def refuse_sharded_launch(args) -> None:
     built (under ZeRO-3 building it fails obscurely), plus a DeepSpeed precision transformers would refuse late."""
     fsdp_version, zero_stage, mixed_precision = launch_sharding(args)
     _refuse(f"method={args.method!r}", args.method == "mocose", fsdp_version, zero_stage, mixed_precision,
-            getattr(args, "torch_compile", False), getattr(args, "fgsm_mode", "off"))
+            compiled_by(args), getattr(args, "fgsm_mode", "off"))
     half = {"fp16": "fp16"}.get(mixed_precision, "bf16")
     if zero_stage is not None and mixed_precision in MIXED_PRECISIONS and not getattr(args, half, False):
         raise ValueError(f"DeepSpeed with mixed_precision {mixed_precision} (from the accelerate or DeepSpeed config) "
@@ -71,21 +71,29 @@ def configure_sharding(trainer, config) -> None:
     fp32 like the online masters (mixed precision) and adds `ShardedModelCallback`. No-op without FSDP/DeepSpeed."""
     fsdp_version, zero_stage, mixed_precision = accelerator_sharding(trainer.accelerator.state)
     _refuse(f"method={config.method!r}", config.uses_target, fsdp_version, zero_stage, mixed_precision,
-            trainer.args.torch_compile, trainer.args.fgsm_mode)
+            compiled_by(trainer.args), trainer.args.fgsm_mode)
     if fsdp_version == 2:
         if config.uses_target and trainer.accelerator.mixed_precision != "no":
             match_target_to_master_weights(trainer.accelerator.unwrap_model(trainer.model))
         trainer.add_callback(ShardedModelCallback())
 
 
-def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_precision, torch_compile, fgsm_mode):
+def compiled_by(args) -> str | None:
+    """What compiles the model, in the user's words: `torch_compile=True`, or the launch config's `dynamo_backend`
+    (accelerate compiles the prepared model then too, whatever `torch_compile` says); None when nothing does."""
+    backend = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+    return "torch_compile=True" if getattr(args, "torch_compile", False) else (
+        None if backend == "no" else f"dynamo_backend {backend!r} (the accelerate config)")
+
+
+def _refuse(owner: str, uses_target: bool, fsdp_version, zero_stage, mixed_precision, compiled, fgsm_mode):
     if uses_target:
         refuse_unsupported_sharding(owner, fsdp_version, zero_stage, mixed_precision)
-        if fsdp_version == 2 and torch_compile and fgsm_mode != "off":
-            raise ValueError(f"torch_compile=True with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM "
-                             "would look up the sharded word embeddings outside the root module's forward): set "
-                             "fgsm_mode off or torch_compile false under FSDP2, or train the compiled FGSM run with "
-                             "DDP (configs/accelerate/ddp.yaml).")
+        if fsdp_version == 2 and compiled and fgsm_mode != "off":
+            raise ValueError(f"{compiled} with fgsm_mode={fgsm_mode!r} is not supported under FSDP2 (FGSM would "
+                             "look up the sharded word embeddings outside the root module's forward): set fgsm_mode "
+                             "off or compile nothing (torch_compile false, dynamo_backend no) under FSDP2, or train "
+                             "the compiled FGSM run with DDP (configs/accelerate/ddp.yaml).")
     if zero_stage in (3, ZERO_STAGE_UNKNOWN):  # every method: the model is built by copying whole encoder weights
         stage = "stage 3" if zero_stage == 3 else "an unreadable stage (zero_optimization.stage)"
         raise ValueError(f"hf-mocose does not support DeepSpeed ZeRO {stage}: transformers then loads the encoder "

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from accelerate.utils import extract_model_from_parallel
+from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from sentence_transformers import SentenceTransformer
 from torch import Tensor, nn
 
@@ -249,9 +249,10 @@ class MoCoSELoss(nn.Module):
         the target; the target runs under the autocast the online forward ran under (accelerate's, for `bf16=True`),
         recorded into `autocast.state`, while its weights stay fp32."""
         def online(features: dict, perturbation: Tensor | None):
-            with self._perturbed(self.online_model, perturbation) as captured, \
-                    recorded_autocast(self.online_model[0]) as recording:
-                state = model(dict(features))["sentence_embedding"]  # a copy: modules write into the dict
+            features = dict(features)  # a copy: modules write into the dict
+            with self._perturbed(self.online_model, perturbation, features if is_compiled_module(model) else None) \
+                    as captured, recorded_autocast(self.online_model[0]) as recording:
+                state = model(features)["sentence_embedding"]
             autocast.state = recording.state
             return state, captured.get("words")
 
@@ -261,17 +262,24 @@ class MoCoSELoss(nn.Module):
         return Encoders(online, online, target, target, target_context=lambda: autocast.state.context())
 
     @contextmanager
-    def _perturbed(self, encoder: SentenceTransformer, perturbation: Tensor | None):
+    def _perturbed(self, encoder: SentenceTransformer, perturbation: Tensor | None, features: dict | None = None):
         """While the block runs, adds `perturbation` `(B, L, H)` to the encoder's word embeddings and
-        keeps them in the yielded dict under "words" (for FGSM's gradient); with FGSM off, does nothing."""
+        keeps them in the yielded dict under "words" (for FGSM's gradient); with FGSM off, does nothing.
+        Given the `features` of a compiled model, looks them up here instead, as its `inputs_embeds`: a compiled
+        graph gives gradients to its inputs only (torch_compile, or accelerate's dynamo_backend)."""
         captured: dict[str, Tensor] = {}
 
-        def hook(module, inputs, output):
-            captured["words"] = output if perturbation is None else output + perturbation.to(output.dtype)
+        def perturbed(words: Tensor) -> Tensor:
+            captured["words"] = words if perturbation is None else words + perturbation.to(words.dtype)
             return captured["words"]
 
+        if features is not None and self.fgsm.mode != "off":
+            features["inputs_embeds"] = perturbed(_word_embeddings(encoder)(features.pop("input_ids")))
+            yield captured
+            return
         # torch's hook handle is a context manager: it removes the hook when the block ends, however it ends
-        with _word_embeddings(encoder).register_forward_hook(hook) if self.fgsm.mode != "off" else nullcontext():
+        with (_word_embeddings(encoder).register_forward_hook(lambda module, inputs, output: perturbed(output))
+              if self.fgsm.mode != "off" else nullcontext()):
             yield captured
 
     # ----------------------------------------------------------------- data and checkpoints

@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from accelerate.utils import is_compiled_module
 from datasets import Dataset
 from transformers import PreTrainedModel, Trainer, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
@@ -186,7 +187,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         una_step = self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
         if model.training and una_step:
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
-        if self.fgsm.mode != "off" and self.args.torch_compile:
+        if self.fgsm.mode != "off" and is_compiled_module(model):  # torch_compile, or accelerate's dynamo_backend
             # FGSM needs the gradient w.r.t. the word embeddings, which a compiled model gives only to its inputs.
             # (Not otherwise: under FSDP2 they are a sharded unit that must run inside the root module's forward.)
             inputs = {**inputs, "inputs_embeds": unwrapped.get_input_embeddings()(inputs["input_ids"])}
