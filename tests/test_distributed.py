@@ -26,13 +26,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args, n_proc, out_dir, worker=WORKER):
+def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no"):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     if n_proc == 1:
         cmd = [sys.executable, str(worker), *args]
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", dynamo_backend,
                "--main_process_port", str(_free_port()), str(worker), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     results = [torch.load(out_dir / f"rank{r}.pt") for r in range(n_proc) if (out_dir / f"rank{r}.pt").is_file()]
@@ -192,6 +192,13 @@ def test_st_loss_clips_heads_with_the_model_as_mocose_trainer_does(st_runs):
 def test_st_loss_two_processes_match_one_process_with_same_global_batch(st_runs):
     _assert_states_close(st_runs["two"][0]["state"], st_runs["one"][0]["state"], atol=1e-5)
     assert st_runs["two"][0]["losses"] == pytest.approx(st_runs["one"][0]["losses"], abs=1e-5)
+
+
+def test_st_loss_under_ddp_compiled_by_accelerate_trains_as_the_eager_run(st_runs, tiny_encoder, tmp_path):
+    """accelerate's dynamo_backend compiles the DDP model: FGSM ("previous") takes its word embeddings as inputs."""
+    compiled = _run([tiny_encoder, str(tmp_path), "4", *ST_SETTINGS], 2, tmp_path, ST_WORKER, "aot_eager")
+    assert compiled[0]["losses"] == pytest.approx(st_runs["two"][0]["losses"], abs=1e-5)
+    _assert_states_close(compiled[0]["state"], st_runs["two"][0]["state"], atol=1e-5)
 
 
 def test_st_loss_resume_in_two_processes(st_runs, tiny_encoder, tmp_path):

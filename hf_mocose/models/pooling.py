@@ -7,8 +7,6 @@ The token pooling itself is sentence-transformers' `Pooling`, the module the exp
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -22,13 +20,17 @@ def check_sentence_pooling(mode: str) -> str:
     return mode
 
 
-@functools.cache
+_TOKEN_POOLINGS: dict[str, nn.Module] = {}  # a dict, not functools.cache, whose calls torch.compile warns about
+
+
 def _token_pooling(mode: str) -> nn.Module:
     """Sentence-transformers' `Pooling` of mode "cls" or "mean" (no weights), one per mode."""
-    # Imported here: the config imports this module, and `import hf_mocose` must stay light.
-    from sentence_transformers.sentence_transformer.modules import Pooling
+    if mode not in _TOKEN_POOLINGS:
+        # Imported here: the config imports this module, and `import hf_mocose` must stay light.
+        from sentence_transformers.sentence_transformer.modules import Pooling
 
-    return Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
+        _TOKEN_POOLINGS[mode] = Pooling(0, pooling_mode=mode)  # the dimension only feeds its repr and config
+    return _TOKEN_POOLINGS[mode]
 
 
 def pool_sentence_embedding(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str,
