@@ -24,8 +24,8 @@ def test_recorded_autocast_reads_the_autocast_inside_the_forward():
         outer(torch.ones(2, 4))
     with recorded_autocast(outer[0]) as mixed, torch.autocast("cpu", dtype=torch.bfloat16):
         outer(torch.ones(2, 4))
-    assert plain.state == AutocastState("cpu", None)
-    assert mixed.state == AutocastState("cpu", torch.bfloat16)
+    assert plain["state"] == AutocastState("cpu", None)
+    assert mixed["state"] == AutocastState("cpu", torch.bfloat16)
     assert not outer[0]._forward_pre_hooks  # the hook lives as long as the block
 
 

@@ -222,12 +222,13 @@ def test_switch_trains_and_does_its_job(switch, tiny_encoder, tmp_path, baseline
 # ----------------------------------------------------------------- torch_compile with every FGSM mode
 @pytest.mark.parametrize("fgsm_mode, compiled_by", [("previous", "torch_compile"), ("exact", "torch_compile"),
                                                      ("off", "torch_compile"), ("previous", "accelerate config"),
-                                                     ("exact", "accelerate config")])
+                                                     ("exact", "accelerate config"), ("previous", "fullgraph")])
 def test_a_compiled_model_trains_with_every_fgsm_mode(fgsm_mode, compiled_by, tiny_encoder, tmp_path, monkeypatch):
     """The compiled run equals the eager one, FGSM included (its perturbation changes the losses), whether
     `torch_compile` or the accelerate config's `dynamo_backend` (`ACCELERATE_DYNAMO_BACKEND`, what `accelerate
     launch` sets from it) compiles the model: accelerate compiles it then with `torch_compile` false, and FGSM,
-    which read that flag, read its gradient inside the graph and failed at the first backward.
+    which read that flag, read its gradient inside the graph and failed at the first backward. "fullgraph": the
+    accelerate config's `dynamo_use_fullgraph` (no graph break allowed).
 
     `aot_eager` compiles through dynamo and AOTAutograd, the part that dropped the word embeddings'
     gradient, without inductor's code generation (minutes on 2 CPU cores).
@@ -243,12 +244,14 @@ def test_a_compiled_model_trains_with_every_fgsm_mode(fgsm_mode, compiled_by, ti
                          **settings)
     else:
         monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_eager")
+        monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", str(compiled_by == "fullgraph"))
         compiled = build(tiny_encoder, tmp_path / "compiled", **settings)
         assert not compiled.args.torch_compile
     compiled.train()
     assert is_compiled_module(compiled.model_wrapped)
     assert counters["stats"]["unique_graphs"] > graphs  # dynamo really captured the forward
-    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)  # transformers < 5 sets it for torch_compile
+    for name in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_USE_FULLGRAPH"):  # transformers < 5 sets the first
+        monkeypatch.delenv(name, raising=False)  # for torch_compile
     eager = build(tiny_encoder, tmp_path / "eager", **settings)
     eager.train()
     assert not is_compiled_module(eager.model_wrapped)

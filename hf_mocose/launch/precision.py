@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -34,16 +33,17 @@ class AutocastState:
 
 
 @contextlib.contextmanager
-def recorded_autocast(module: nn.Module) -> Iterator[SimpleNamespace]:
-    """While the block runs, records in the yielded `.state` the autocast `module`'s forward runs under. `module`
-    is one the online `forward` calls, not the model itself (accelerate's autocast wraps it, outside its hooks)."""
-    recording = SimpleNamespace(state=AutocastState())
+def recorded_autocast(module: nn.Module) -> Iterator[dict[str, AutocastState]]:
+    """While the block runs, records in the yielded `["state"]` the autocast `module`'s forward runs under. `module`
+    is one the online `forward` calls, not the model itself (accelerate's autocast wraps it, outside its hooks).
+    A dict: a compiled forward runs the hook inside its graph, and dynamo traces dict writes (not attributes')."""
+    recording = {"state": AutocastState()}
 
     def hook(mod, args):
         parameter = next(mod.parameters(), None)
         device_type = parameter.device.type if parameter is not None else "cpu"
         enabled = torch.is_autocast_enabled(device_type)
-        recording.state = AutocastState(device_type, torch.get_autocast_dtype(device_type) if enabled else None)
+        recording["state"] = AutocastState(device_type, torch.get_autocast_dtype(device_type) if enabled else None)
 
     with module.register_forward_pre_hook(hook):  # the handle removes the hook on leaving
         yield recording

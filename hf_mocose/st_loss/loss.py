@@ -253,7 +253,7 @@ class MoCoSELoss(nn.Module):
             with self._perturbed(self.online_model, perturbation, features if is_compiled_module(model) else None) \
                     as captured, recorded_autocast(self.online_model[0]) as recording:
                 state = model(features)["sentence_embedding"]
-            autocast.state = recording.state
+            autocast.state = recording["state"]
             return state, captured.get("words")
 
         def target(features: dict, perturbation: Tensor | None):
