@@ -197,6 +197,23 @@ def tiny_sentence_transformer(encoder_path, max_seq_length=16, pooling="mean", d
     return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling)])
 
 
+COMPILED_BY = ("torch_compile", "accelerate config", "fullgraph", "regional")
+
+
+def compile_switches(monkeypatch, compiled_by: str | None) -> dict:
+    """How a test compiles with the `aot_eager` backend: the training arguments for "torch_compile", else what
+    `accelerate launch` passes for the accelerate config's `dynamo_backend` ("accelerate config"), with
+    `dynamo_use_fullgraph` ("fullgraph") or `dynamo_use_regional_compilation` ("regional"); None clears those
+    (transformers < 5 sets `ACCELERATE_DYNAMO_BACKEND` itself for torch_compile, and leaves it set)."""
+    names = ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")
+    for name, value in zip(names, ("aot_eager", str(compiled_by == "fullgraph"), str(compiled_by == "regional"))):
+        if compiled_by in COMPILED_BY[1:]:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+    return dict(torch_compile=True, torch_compile_backend="aot_eager") if compiled_by == "torch_compile" else {}
+
+
 def make_st_trainer(encoder_path, output_dir, dataset=None, n_sentences=64, loss_kwargs=None, model_kwargs=None,
                     callbacks=None, init_seed=0, with_loss_callback=True, eval_dataset=None, **overrides):
     """A SentenceTransformerTrainer with a `MoCoSELoss` (queue 10, 3 random keys) on the tiny encoder, given

@@ -295,29 +295,27 @@ def test_fgsm_modes_perturb_the_word_embeddings(tiny_encoder, tmp_path, padding)
 
 
 @pytest.mark.parametrize("fgsm_mode, compiled_by", [("previous", "torch_compile"), ("exact", "torch_compile"),
-                                                     ("previous", "accelerate config"), ("off", "fullgraph")])
+                                                     ("previous", "accelerate config"), ("off", "fullgraph"),
+                                                     ("previous", "regional")])
 def test_a_compiled_model_trains_with_fgsm_as_the_eager_one(tiny_encoder, tmp_path, monkeypatch, fgsm_mode, compiled_by):
     """Compiled (`torch_compile`, or the accelerate config's `dynamo_backend`), the model takes FGSM's word
     embeddings as its `inputs_embeds`: a compiled graph gives gradients to its inputs only, and FGSM's hook
     inside it got none (the first backward failed). The losses are the eager run's, which FGSM changes.
     "fullgraph" (the accelerate config's `dynamo_use_fullgraph`): the autocast recording, run inside the graph,
-    must be traceable (an attribute write stopped dynamo there, which fullgraph does not allow)."""
-    from accelerate.utils import is_compiled_module
+    must be traceable (an attribute write stopped dynamo there, which fullgraph does not allow). "regional"
+    (`dynamo_use_regional_compilation`): the word embeddings sit in a compiled region, not a compiled model."""
+    from accelerate.utils import has_compiled_regions
+    from conftest import compile_switches
 
     torch._dynamo.reset()
 
-    def run(mode, compiled=False):
+    def run(mode, compiled=None):
         kwargs = dict(QUIET["loss_kwargs"], fgsm_mode=mode, fgsm_epsilon=0.05)
-        switches = dict(torch_compile=True, torch_compile_backend="aot_eager") if compiled == "torch_compile" else {}
-        if compiled in ("accelerate config", "fullgraph"):
-            monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_eager")
-            monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", str(compiled == "fullgraph"))
         trainer = make_st_trainer(tiny_encoder, tmp_path / f"{mode}-{compiled}", max_steps=3, loss_kwargs=kwargs,
-                                  model_kwargs=dict(dropout=0.0), **switches)
+                                  model_kwargs=dict(dropout=0.0), **compile_switches(monkeypatch, compiled))
         trainer.train()
-        for name in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_USE_FULLGRAPH"):  # transformers < 5 sets the
-            monkeypatch.delenv(name, raising=False)  # first for torch_compile
-        assert is_compiled_module(trainer.model_wrapped) == bool(compiled)
+        assert has_compiled_regions(trainer.model_wrapped) == (compiled is not None)
+        compile_switches(monkeypatch, None)
         return _losses(trainer)
 
     compiled = run(fgsm_mode, compiled_by)

@@ -222,39 +222,34 @@ def test_switch_trains_and_does_its_job(switch, tiny_encoder, tmp_path, baseline
 # ----------------------------------------------------------------- torch_compile with every FGSM mode
 @pytest.mark.parametrize("fgsm_mode, compiled_by", [("previous", "torch_compile"), ("exact", "torch_compile"),
                                                      ("off", "torch_compile"), ("previous", "accelerate config"),
-                                                     ("exact", "accelerate config"), ("previous", "fullgraph")])
+                                                     ("exact", "accelerate config"), ("previous", "fullgraph"),
+                                                     ("previous", "regional")])
 def test_a_compiled_model_trains_with_every_fgsm_mode(fgsm_mode, compiled_by, tiny_encoder, tmp_path, monkeypatch):
     """The compiled run equals the eager one, FGSM included (its perturbation changes the losses), whether
     `torch_compile` or the accelerate config's `dynamo_backend` (`ACCELERATE_DYNAMO_BACKEND`, what `accelerate
     launch` sets from it) compiles the model: accelerate compiles it then with `torch_compile` false, and FGSM,
-    which read that flag, read its gradient inside the graph and failed at the first backward. "fullgraph": the
-    accelerate config's `dynamo_use_fullgraph` (no graph break allowed).
+    which read that flag, read its gradient inside the graph and failed at the first backward. "fullgraph" and
+    "regional": the config's `dynamo_use_fullgraph` (no graph break allowed) and
+    `dynamo_use_regional_compilation` (a copy of the module tree, rebuilt from its children, had lost the
+    encoder's emptied pooler slot: `'BertModel' object has no attribute 'pooler'`).
 
     `aot_eager` compiles through dynamo and AOTAutograd, the part that dropped the word embeddings'
     gradient, without inductor's code generation (minutes on 2 CPU cores).
     """
-    from accelerate.utils import is_compiled_module
+    from accelerate.utils import has_compiled_regions
+    from conftest import compile_switches
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()  # fresh caches: no earlier test's graphs, no recompilation limit reached
     graphs = counters["stats"]["unique_graphs"]
     settings = dict(max_steps=2, fgsm_mode=fgsm_mode)
-    if compiled_by == "torch_compile":
-        compiled = build(tiny_encoder, tmp_path / "compiled", torch_compile=True, torch_compile_backend="aot_eager",
-                         **settings)
-    else:
-        monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_eager")
-        monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", str(compiled_by == "fullgraph"))
-        compiled = build(tiny_encoder, tmp_path / "compiled", **settings)
-        assert not compiled.args.torch_compile
+    compiled = build(tiny_encoder, tmp_path / "compiled", **compile_switches(monkeypatch, compiled_by), **settings)
     compiled.train()
-    assert is_compiled_module(compiled.model_wrapped)
+    assert has_compiled_regions(compiled.model_wrapped)  # compiled whole, or in regions
     assert counters["stats"]["unique_graphs"] > graphs  # dynamo really captured the forward
-    for name in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_USE_FULLGRAPH"):  # transformers < 5 sets the first
-        monkeypatch.delenv(name, raising=False)  # for torch_compile
-    eager = build(tiny_encoder, tmp_path / "eager", **settings)
+    eager = build(tiny_encoder, tmp_path / "eager", **compile_switches(monkeypatch, None), **settings)
     eager.train()
-    assert not is_compiled_module(eager.model_wrapped)
+    assert not has_compiled_regions(eager.model_wrapped)
     assert losses(compiled) == pytest.approx(losses(eager), abs=1e-5)
     if fgsm_mode == "off":
         return

@@ -47,7 +47,8 @@ def build_encoder(config: PretrainedConfig) -> PreTrainedModel:
     # The MoCoSE pooler replaces the checkpoint's own (Linear + tanh) pooler; an unused pooler would
     # also break DDP with find_unused_parameters=False.
     if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None
+        del encoder.pooler  # then None as a plain attribute, not a module slot: accelerate's regional compilation
+        encoder.pooler = None  # rebuilds the module tree from its children and would lose the slot
     return encoder
 
 

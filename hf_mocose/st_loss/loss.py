@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from accelerate.utils import extract_model_from_parallel, is_compiled_module
+from accelerate.utils import extract_model_from_parallel, has_compiled_regions
 from sentence_transformers import SentenceTransformer
 from torch import Tensor, nn
 
@@ -250,8 +250,9 @@ class MoCoSELoss(nn.Module):
         recorded into `autocast.state`, while its weights stay fp32."""
         def online(features: dict, perturbation: Tensor | None):
             features = dict(features)  # a copy: modules write into the dict
-            with self._perturbed(self.online_model, perturbation, features if is_compiled_module(model) else None) \
-                    as captured, recorded_autocast(self.online_model[0]) as recording:
+            compiled = has_compiled_regions(model)  # compiled whole or in regions (accelerate's regional compilation)
+            with self._perturbed(self.online_model, perturbation, features if compiled else None) as captured, \
+                    recorded_autocast(self.online_model[0]) as recording:
                 state = model(features)["sentence_embedding"]
             autocast.state = recording["state"]
             return state, captured.get("words")
