@@ -192,7 +192,7 @@ def build_trainer(name: str, cfg, model_path: str, sentences: list[str], output_
                 with recorded_autocast(next(model.children())) as autocast:  # a module inside the patched forward
                     cls = model(**inputs).last_hidden_state[:, 0]
                 if self.frozen_copy is not None:  # as MoCoSE's target: no gradient, the online forward's autocast
-                    with torch.no_grad(), autocast.state.context():
+                    with torch.no_grad(), autocast["state"].context():
                         self.frozen_copy(**inputs)
                 loss = cls.float().pow(2).mean()  # trivial: the floor is the encoder's forward/backward
                 return (loss, cls) if return_outputs else loss
