@@ -239,3 +239,60 @@ def test_a_search_without_hp_name_that_pushes_checkpoints_is_refused(tiny_encode
                                                    learning_rate_mapping=trainer.args.learning_rate_mapping)
     with pytest.raises(ValueError, match=r"pass hp_name, e.g. trainer.hyperparameter_search\(\.\.\., hp_name="):
         trainer.loss.callback.begin_training(pushing, TrainerState(is_hyper_param_search=True))
+
+
+# ----------------------------------------------------------------- several datasets, each with its loss
+def _several_datasets_trainer(tiny_encoder, output_dir, **overrides):
+    """MoCoSELoss on one dataset and MultipleNegativesRankingLoss on another, taken in turn (round robin)."""
+    from datasets import DatasetDict
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments, losses
+    from transformers import set_seed
+
+    from hf_mocose import MoCoSELoss
+
+    set_seed(0)
+    model = tiny_sentence_transformer(tiny_encoder, dropout=0.0)
+    mocose = MoCoSELoss(model, queue_size=40, queue_init_size=3, head_dropout=0.0, target_dropout=False)
+    sentences = python_docs_sentences()[:64]
+    train = DatasetDict({"sentences": Dataset.from_dict({"text": sentences}),
+                         "pairs": Dataset.from_dict({"anchor": sentences, "positive": sentences[::-1]})})
+    args = SentenceTransformerTrainingArguments(**{
+        "output_dir": str(output_dir), "max_steps": 8, "per_device_train_batch_size": 4, "use_cpu": True,
+        "report_to": "none", "save_strategy": "steps", "save_steps": 3, "logging_steps": 1, "disable_tqdm": True,
+        "seed": 0, "learning_rate": 1e-3, "multi_dataset_batch_sampler": "round_robin", **overrides})
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=train, callbacks=[mocose.callback],
+                                      loss={"sentences": mocose, "pairs": losses.MultipleNegativesRankingLoss(model)})
+
+
+def test_several_datasets_each_with_its_loss_train_and_resume_exactly(tiny_encoder, tmp_path):
+    """On the other loss's steps the heads have no gradient and the Trainer's clip of the model stands (the joint
+    clip refused them: "found no gradient norm"); the queue grows on MoCoSELoss's steps only; a resume from a
+    checkpoint after one of them reproduces the rest of the run."""
+    trainer = _several_datasets_trainer(tiny_encoder, tmp_path)
+    trainer.train()
+    logged = [(h["step"], "pos_cos" in h) for h in trainer.state.log_history if "loss" in h]
+    assert logged == [(step, step % 2 == 1) for step in range(1, 9)]  # MoCoSELoss's metrics on its steps only
+    assert int(trainer.loss["sentences"].queue.queue_fill) == 3 + 4 * 4
+    resumed = _several_datasets_trainer(tiny_encoder, tmp_path)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert _losses(resumed)[3:] == _losses(trainer)[3:]
+    assert torch.equal(resumed.loss["sentences"].queue.keys, trainer.loss["sentences"].queue.keys)
+
+
+def test_a_step_that_ends_on_another_losss_batch_is_refused(tiny_encoder, tmp_path):
+    """With accumulation, a MoCoSELoss micro-batch followed by another loss's in the same step would leave the heads
+    unaveraged and unclipped: stopped at that step, naming the fix."""
+    trainer = _several_datasets_trainer(tiny_encoder, tmp_path, gradient_accumulation_steps=2, max_steps=2)
+    with pytest.raises(RuntimeError, match="another loss's batch.*gradient_accumulation_steps 1"):
+        trainer.train()
+
+
+def test_several_datasets_under_several_processes_are_refused_before_any_step(tiny_encoder, tmp_path, monkeypatch):
+    """accelerate deals batches of different datasets to the processes in one step: MoCoSELoss's gathers hung."""
+    from hf_mocose.st_loss import inputs as st_loss_inputs
+
+    trainer = _several_datasets_trainer(tiny_encoder, tmp_path)
+    monkeypatch.setattr(st_loss_inputs, "get_world_size", lambda: 2)
+    with pytest.raises(ValueError, match="MoCoSELoss with 2 training datasets under 2 processes.*one process"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and int(trainer.loss["sentences"].queue.queue_fill) == 3

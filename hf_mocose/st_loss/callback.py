@@ -33,7 +33,7 @@ from ..models.ema import EMATargetCallback
 from .checkpoints import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state, load_loss_state,
                           locate_checkpoint, run_folder, save_loss_state)
 from .distributed import HeadGradients, broadcast_from_first_rank, refuse_unsupported_launch
-from .inputs import dataset_parts, check_training_data
+from .inputs import check_training_datasets
 
 HEAD_PARAMETERS = r"online_head\."  # the heads' names in the loss, as `learning_rate_mapping` matches them
 CHECKPOINT_PUSHES = (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS)
@@ -101,8 +101,7 @@ class MoCoSELossCallback(EMATargetCallback):
                              "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
         preflight(args, state.global_step > 0)  # output_dir writable, no other run's checkpoints (resumed: its own)
         loss.move_to_model_device()
-        for part in dataset_parts(dataset):
-            check_training_data(loss, part, args)
+        check_training_datasets(loss, dataset, args)
         if state.global_step > 0:
             self._restore(args, state)
             if 0 < state.max_steps <= state.global_step:  # the Trainer would train one step more and save it

@@ -76,15 +76,18 @@ class HeadGradients:
         self.last_grad_norm: Tensor | None = None  # the joint pre-clip norm at the last optimizer step (0-dim)
         self.reductions = 0  # all-reduces of head gradients so far (one per optimizer step under several processes)
         self._model_norm: Tensor | None = None
+        self._ran = self._finished = False  # this step: the loss ran in training; its last micro-batch's backward ended
 
     def watch(self, loss: Tensor, model: nn.Module, heads: nn.Module) -> None:
         """Called by the loss with its training value: the backward of `loss` ends with `_finish_backward`."""
         if loss.requires_grad:
+            self._ran = True
             loss.register_hook(lambda grad: _after_backward(partial(self._finish_backward, model, heads)))
 
     def _finish_backward(self, model: nn.Module, heads: nn.Module) -> None:
         if not GradientState().sync_gradients:  # an earlier micro-batch of the step: gradients keep accumulating
             return
+        self._finished = True
         grads = [p.grad for p in heads.parameters() if p.grad is not None]
         world = get_world_size()
         if world > 1 and grads:
@@ -99,12 +102,16 @@ class HeadGradients:
             self._model_norm = get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
     def clip(self, model: nn.Module, heads: nn.Module) -> None:
-        """At `on_pre_optimizer_step`: turns the Trainer's clip of the model alone into a joint clip."""
-        if self.max_grad_norm <= 0:
+        """At `on_pre_optimizer_step`: turns the Trainer's clip of the model alone into a joint clip. A step of
+        another loss (several datasets, each with its loss) leaves the heads without gradient: nothing to do."""
+        ran, finished, self._ran, self._finished = self._ran, self._finished, False, False
+        if ran and not finished:
+            raise RuntimeError("MoCoSELoss ran in this optimizer step, but the backward of its last micro-batch did "
+                               "not go through the value MoCoSELoss returned (another loss's batch, or a replaced "
+                               "value), so its heads were neither averaged across processes nor clipped with the "
+                               "model: with several losses, train with gradient_accumulation_steps 1.")
+        if self.max_grad_norm <= 0 or not ran:
             return
-        if self._model_norm is None:
-            raise RuntimeError("MoCoSELoss found no gradient norm of this step: the loss that was backpropagated is "
-                               "not the value MoCoSELoss returned, so the heads cannot be clipped with the model.")
         model_grads = [p.grad for p in model.parameters() if p.grad is not None]
         head_grads = [p.grad for p in heads.parameters() if p.grad is not None]
         model_norm = self._model_norm

@@ -24,6 +24,19 @@ def dataset_parts(dataset) -> list:
     return list(dataset.values()) if isinstance(dataset, dict) else [dataset]
 
 
+def check_training_datasets(loss: nn.Module, dataset, args=None) -> None:
+    """`check_training_data` for each dataset of `dataset`. Several datasets (each with its loss) only in one
+    process: accelerate deals the steps' batches out to the processes in turn, so in one step some train another
+    loss while MoCoSELoss's gathers wait for them (measured: a hang at the first step)."""
+    parts = dataset_parts(dataset)
+    if len(parts) > 1 and (world := get_world_size()) > 1:
+        raise ValueError(f"MoCoSELoss with {len(parts)} training datasets under {world} processes: accelerate gives "
+                         "the processes batches of different datasets in the same step, and MoCoSELoss's gathers would "
+                         "wait for the processes training another loss. Train them in one process, or one dataset.")
+    for part in parts:
+        check_training_data(loss, part, args)
+
+
 def check_training_data(loss: nn.Module, dataset, args=None) -> None:
     """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
     columns, a queue larger than the data, batches that differ between processes."""
