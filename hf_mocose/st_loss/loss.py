@@ -248,9 +248,11 @@ class MoCoSELoss(nn.Module):
         """The `Encoders` of `ContrastiveBranches`: feature dicts through `model` (the online one, wrapped or not) and
         the target; the target runs under the autocast the online forward ran under (accelerate's, for `bf16=True`),
         recorded into `autocast.state`, while its weights stay fp32."""
+        # compiled whole or in regions (accelerate's regional compilation); walked once per step, and only for FGSM
+        compiled = self.fgsm.mode != "off" and has_compiled_regions(model)
+
         def online(features: dict, perturbation: Tensor | None):
             features = dict(features)  # a copy: modules write into the dict
-            compiled = has_compiled_regions(model)  # compiled whole or in regions (accelerate's regional compilation)
             with self._perturbed(self.online_model, perturbation, features if compiled else None) as captured, \
                     recorded_autocast(self.online_model[0]) as recording:
                 state = model(features)["sentence_embedding"]
@@ -274,7 +276,7 @@ class MoCoSELoss(nn.Module):
             captured["words"] = words if perturbation is None else words + perturbation.to(words.dtype)
             return captured["words"]
 
-        if features is not None and self.fgsm.mode != "off":
+        if features is not None:  # (given for FGSM only)
             features["inputs_embeds"] = perturbed(_word_embeddings(encoder)(features.pop("input_ids")))
             yield captured
             return
