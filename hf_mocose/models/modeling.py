@@ -199,15 +199,13 @@ class MoCoSEModel(PreTrainedModel):
         hidden = encoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **extra).last_hidden_state
         return pool_sentence_embedding(hidden, attention_mask, "mean" if self.config.sentence_pooling == "mean" else "cls")
 
-    def _encoder(self, encoder: nn.Module, augmentation=None, detach: bool = False):
+    def _encoder(self, encoder: nn.Module, augmentation=None):
         """An `Encode` for `ContrastiveBranches`: inputs `(word embeddings (B, L, H), mask, token types)`, FGSM's
         delta added, then the view's `augmentation`, then `encoder` reading them as `inputs_embeds`."""
         def encode(inputs, perturbation):
             embeddings, mask, types = inputs
             words = embeddings if perturbation is None else embeddings + perturbation
-            view = words.detach() if detach else words
-            if augmentation is not None:
-                view = augmentation(view, mask)
+            view = words if augmentation is None else augmentation(words, mask)
             return self._encode_sentence(encoder, view, mask, types), words
         return encode
 
@@ -247,8 +245,8 @@ class MoCoSEModel(PreTrainedModel):
         target = getattr(self, "target_encoder", None)
         encoders = Encoders(self._encoder(self.online_encoder, online_augmentation),
                             self._encoder(self.online_encoder, key_augmentation),
-                            None if target is None else self._encoder(target, key_augmentation, detach=True),
-                            None if target is None else self._encoder(target, detach=True))
+                            None if target is None else self._encoder(target, key_augmentation),
+                            None if target is None else self._encoder(target))
 
         def given(ids, mask, types):  # a positive or hard negatives: the word embeddings of other text
             return None if ids is None else (embed_tokens(ids), mask, types)
