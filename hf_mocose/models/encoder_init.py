@@ -76,8 +76,7 @@ def start_from_pretrained(model, pretrained: PreTrainedModel, name: str, match_d
         model.online_pooler.load_state_dict(pooler_dense.state_dict())
     state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("pooler.")}
     model.online_encoder.load_state_dict(state, strict=True)
-    if model.config.uses_target:
-        model.copy_online_to_target()
+    model.copy_online_to_target()  # nothing without a target
     dtype = next(pretrained.parameters()).dtype  # as loaded (e.g. `dtype=torch.bfloat16`), heads included
     if match_dtype and any(p.dtype != dtype for p in model.parameters()):
         model.to(dtype).keep_queue_in_fp32()
