@@ -100,19 +100,15 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
     # (`source` was checked with its location when the model was built from it.)
     source = _builtin_path(str(source), field) if isinstance(source, (str, os.PathLike)) else None
     config = model.config
-    candidates = [(source, location), (getattr(config, "_name_or_path", None), {}),
-                  (getattr(config.encoder_config, "_name_or_path", None), {}),
-                  (getattr(config, "base_model_name_or_path", None), {})]
-    tried = []
-    for name, kwargs in candidates:
-        if not name or name in tried:
-            continue
-        tried.append(name)
+    names = dict.fromkeys(name for name in (source, getattr(config, "_name_or_path", None),  # each tried once
+                                            getattr(config.encoder_config, "_name_or_path", None),
+                                            getattr(config, "base_model_name_or_path", None)) if name)
+    for name in names:
         try:
-            return AutoTokenizer.from_pretrained(name, **kwargs)
+            return AutoTokenizer.from_pretrained(name, **(location if name == source else {}))
         except (OSError, ValueError, TypeError) as err:  # no tokenizer files there, or not reachable offline
             logger.info("No tokenizer loaded from %s (%s).", name, err)
-    tried = ", ".join(map(repr, tried)) or "no recorded name"
+    tried = ", ".join(map(repr, names)) or "no recorded name"
     raise ValueError(f"MoCoSETrainer could not load a tokenizer for the model (tried: {tried}): pass "
                      "processing_class=AutoTokenizer.from_pretrained(...).")
 
