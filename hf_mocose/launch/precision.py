@@ -38,10 +38,11 @@ def recorded_autocast(module: nn.Module) -> Iterator[dict[str, AutocastState]]:
     is one the online `forward` calls, not the model itself (accelerate's autocast wraps it, outside its hooks).
     A dict: a compiled forward runs the hook inside its graph, and dynamo traces dict writes (not attributes')."""
     recording = {"state": AutocastState()}
+    # Read here, not in the hook: dynamo (torch 2.6) cannot trace `next(iterator, default)` in a fullgraph compile.
+    parameter = next(module.parameters(), None)
+    device_type = parameter.device.type if parameter is not None else "cpu"
 
     def hook(mod, args):
-        parameter = next(mod.parameters(), None)
-        device_type = parameter.device.type if parameter is not None else "cpu"
         enabled = torch.is_autocast_enabled(device_type)
         recording["state"] = AutocastState(device_type, torch.get_autocast_dtype(device_type) if enabled else None)
 
