@@ -10,7 +10,8 @@ CPU, or with other library versions (setup.cfg's floors in `.ci/run`), every run
 `OTHER_SETUP_TOLERANCE` instead, and the test says so: a change of behaviour moves the losses by far more than that,
 the kernels' rounding (seen: <= 2e-6 after 6 steps) by less. The floors reproduce the runs bit for bit; before
 `MoCoSELossCallback` zeroed the heads' gradients, sentence-transformers 5.4 moved the MoCoSELoss runs' losses by
-up to 1.2e-2, which this comparison catches.
+up to 1.2e-2, which this comparison catches. Under another torch release (`.ci/run`'s torch-floor run) the runs
+are skipped, saying why: torch draws other random numbers from the same seed there.
 
 tests/golden_worker.py trains each case (`CASES` there) on a tiny random BERT for 6 optimizer steps, seeded,
 on one CPU thread per process, and records:
@@ -219,6 +220,12 @@ def golden(request, tmp_path_factory):
     from safetensors.torch import load_file
 
     document = json.loads((FIXTURES / "golden.json").read_text())
+    recorded, running = (".".join(v.split("+")[0].split(".")[:2])
+                         for v in (document["versions"]["torch"], library_versions()["torch"]))
+    if recorded != running:  # not a tolerance: the very first loss differs
+        pytest.skip(f"recorded with torch {recorded}; torch {running} draws other random numbers from the same seed "
+                    "(dropout masks and truncated-normal inits differ between torch 2.6 and 2.13 on the CPU), so no "
+                    "run can follow the recorded trajectory")
     root = tmp_path_factory.mktemp("golden")
     build_encoders(root / "encoders")
     wanted = sorted(_wanted_processes(request.session)) or list(PROCESSES)
