@@ -120,13 +120,35 @@ def export_onnx(transformer, path: Path) -> None:
 
     model = transformer.auto_model
     model = model if model.dtype == torch.float32 else copy.deepcopy(model).float()  # CPU runtimes compute in fp32
-    dims = {0: torch.export.Dim("batch_size"), 1: torch.export.Dim("sequence_length")}
+    # Bounded below the model's position table: torch 2.6's export must prove its guards over the whole range, and
+    # BERT's position-id slice makes a sequence of exactly that length a special case (and an unbounded batch, the
+    # int64 maximum). The ONNX graph does not check the bounds (run at the table's length and 1,500 sentences).
+    positions = getattr(model.config, "max_position_embeddings", 512)
+    dims = {0: torch.export.Dim("batch_size", max=2**16), 1: torch.export.Dim("sequence_length", max=positions - 1)}
     path.parent.mkdir(parents=True, exist_ok=True)
     with _quiet():
         torch.onnx.export(LastHiddenState(model).eval(), (), str(path),
                           kwargs={n: example[n] for n in names}, dynamo=True, opset_version=ONNX_OPSET,
                           input_names=names, output_names=["last_hidden_state"],
-                          dynamic_shapes={n: dims for n in names}, external_data=False, verbose=False)
+                          dynamic_shapes={n: dims for n in names}, external_data=False, verbose=False,
+                          optimize=True)  # the default on torch 2.13; 2.6 left the weights' Transpose unfolded
+    _name_dynamic_axes(path, [dim.__name__ for dim in dims.values()])
+
+
+def _name_dynamic_axes(path: Path, axis_names: list[str]) -> None:
+    """Gives the inputs' dynamic axes optimum's names (`batch_size`, `sequence_length`) throughout the graph where
+    the exporter left its own symbols (torch 2.6 writes `s0`, `s1`; newer versions take the `Dim` names)."""
+    import onnx
+    model = onnx.load(str(path))
+    graph = model.graph
+    rename = {dim.dim_param: name for tensor in graph.input
+              for dim, name in zip(tensor.type.tensor_type.shape.dim, axis_names) if dim.dim_param not in ("", name)}
+    if rename:
+        for tensor in [*graph.input, *graph.output, *graph.value_info]:
+            for dim in tensor.type.tensor_type.shape.dim:
+                if dim.dim_param in rename:  # (setting dim_param at all would clear a fixed dim_value)
+                    dim.dim_param = rename[dim.dim_param]
+        onnx.save(model, str(path))
 
 
 def quantize_onnx(source: Path, target: Path, arch: str) -> None:
