@@ -20,18 +20,12 @@ four lines (`ContrastiveObjective`'s docstring):
    negatives, and a forward that the backward recomputes (gradient checkpointing) must see the queue the loss
    saw; both front ends then enqueue at the same point without a hook of their own.
 
-Matryoshka (`matryoshka_dims` d_1 > d_2 > ... with weights w_j): step 3's InfoNCE is taken at every d_j on the
-first d_j dimensions of the queries, their keys, the other processes' gathered keys, the queue and the hard
-negatives, all cut by one slice of the tensors the full loss uses, then summed: sum_j w_j InfoNCE_{d_j}. Cosines
-re-normalise every cut, so the queue keeps its full unit keys once and serves every d_j (the first d_j entries
-of a unit key, re-normalised, are the unit vector of the raw key's first d_j entries); one forward per step. The cut
-sits on the heads' outputs (keys and queries), not on the pooled embedding before the heads: a cut before shared
-heads needs one head pass and one queue per dimension (the target keys of a masked embedding are other vectors,
-not a slice of the full keys), and a loss on the pooled embedding itself would bypass the predictor and queue the
-method is made of. With the default identity-initialised heads a key is LayerNorm(embedding) up to dropout, so
-its first d entries are the embedding's first d entries up to one shared centring and scale: training the key
-prefix trains the exported embedding's prefix, which `truncate_dim=d` reads (measured in docs/quality.md).
-IFCL's fraternal and Twins losses stay at the full width.
+Matryoshka (`matryoshka_dims` d_1 > d_2 > ..., weights w_j): sum_j w_j InfoNCE on the first d_j entries of the
+queries, keys, gathered keys, queue and hard negatives, one slice of the full loss's tensors (cosines re-normalise
+each cut, so one queue of full unit keys serves every d_j; one forward). The cut sits on the heads' outputs, not in
+front of shared heads (that needs a head pass and a queue per width) nor on the pooled embedding (that bypasses the
+predictor and queue): with identity-initialised heads a key is LayerNorm(embedding), so its prefix is the prefix
+`truncate_dim=d` reads. IFCL's fraternal and Twins terms stay full width (docs/methods.md, "Matryoshka").
 
 The EMA update of the target runs after the optimizer step (`models.ema`). Read one step in this order: this
 module, `branches.py` (the forward), `queue.py`, `ema.py`.
