@@ -20,6 +20,13 @@ four lines (`ContrastiveObjective`'s docstring):
    negatives, and a forward that the backward recomputes (gradient checkpointing) must see the queue the loss
    saw; both front ends then enqueue at the same point without a hook of their own.
 
+Matryoshka (`matryoshka_dims` d_1 > d_2 > ..., weights w_j): sum_j w_j InfoNCE on the first d_j entries of the
+queries, keys, gathered keys, queue and hard negatives, one slice of the full loss's tensors (cosines re-normalise
+each cut, so one queue of full unit keys serves every d_j; one forward). The cut sits on the heads' outputs, not in
+front of shared heads (that needs a head pass and a queue per width) nor on the pooled embedding (that bypasses the
+predictor and queue): with identity-initialised heads a key is LayerNorm(embedding), so its prefix is the prefix
+`truncate_dim=d` reads. IFCL's fraternal and Twins terms stay full width (docs/methods.md, "Matryoshka").
+
 The EMA update of the target runs after the optimizer step (`models.ema`). Read one step in this order: this
 module, `branches.py` (the forward), `queue.py`, `ema.py`.
 """
@@ -125,6 +132,15 @@ def mean_pairwise_cosine(vectors: Tensor) -> Tensor:
     return ((total @ total) - n) / (n * (n - 1))  # sum over i != j of u_i.u_j, without the N x N matrix
 
 
+def check_matryoshka_width(dims: list[int] | None, key_dim: int, embedding_dim: int) -> None:
+    """Refuses `matryoshka_dims` whose first entry is not the full width of both the keys and the sentence embedding
+    (a cut of the keys trains the exported embedding's prefix only when the two are the same vector width)."""
+    if dims and not dims[0] == key_dim == embedding_dim:
+        raise ValueError(f"matryoshka_dims={list(dims)!r} must start with the full width: the keys are {key_dim} wide "
+                         f"and the sentence embedding {embedding_dim} (projection_dim, if set, must equal the hidden "
+                         "size).")
+
+
 def run_after_backward(loss: Tensor, fn: Callable[[], None]) -> None:
     """Runs `fn` once the backward pass through `loss` has finished (at once if `loss` has no gradient): a
     hook on `loss` queues it as an autograd final callback, run after every gradient of that backward."""
@@ -150,11 +166,17 @@ class ContrastiveObjective:
         forgetting: IFCL's lambda (`ifcl_forgetting`: the forgetting weight per queued batch), or None.
         queue_window: `queue_window(decay=None)`, the newest queue entries in use at this step or at that EMA decay
             (`target_mtd`), or None for all.
+        matryoshka_dims: the Matryoshka widths d_1 > d_2 > ... (d_1 the key width), or None for the full loss only.
+        matryoshka_weights: their weights (default ones).
     """
 
     def __init__(self, config, fgsm: FGSMPerturbation, *, queue_age_slices: list[tuple[int, int]] | None = None,
-                 forgetting: float | None = None, queue_window: Callable[..., int | None] | None = None):
+                 forgetting: float | None = None, queue_window: Callable[..., int | None] | None = None,
+                 matryoshka_dims: list[int] | None = None, matryoshka_weights: list[float] | None = None):
         self.config, self.fgsm = config, fgsm
+        self.matryoshka_dims = tuple(matryoshka_dims) if matryoshka_dims else None
+        self.matryoshka_weights = None if self.matryoshka_dims is None else tuple(
+            matryoshka_weights or [1.0] * len(self.matryoshka_dims))
         self.queue_age_slices = queue_age_slices
         self.forgetting = forgetting if config.method == "ifcl" else None
         self.queue_window = queue_window or (lambda decay=None: None)
@@ -163,12 +185,17 @@ class ContrastiveObjective:
         self.metric_steps = 0
 
     @classmethod
-    def from_settings(cls, config, settings, **kwargs) -> "ContrastiveObjective":
-        """The objective of `config`'s method with the FGSM and IFCL values of `settings` (a mapping of the method
-        settings: `MoCoSETrainingArguments` or `MoCoSELoss`'s); FGSM only for a method with target keys."""
+    def from_settings(cls, config, settings, *, key_dim: int, embedding_dim: int, **kwargs) -> "ContrastiveObjective":
+        """The objective of `config`'s method with the FGSM, IFCL and Matryoshka values of `settings` (a mapping of the
+        method settings: `MoCoSETrainingArguments` or `MoCoSELoss`'s); FGSM only for a method with target keys.
+        `key_dim` / `embedding_dim`: the width of the keys and of the sentence embedding (Matryoshka needs both equal
+        to its first dimension)."""
         fgsm = FGSMPerturbation(settings["fgsm_mode"] if config.keys_from_target else "off", settings["fgsm_epsilon"],
                                 settings["fgsm_views"], settings["fgsm_epsilon_unit"])
-        return cls(config, fgsm, forgetting=settings["ifcl_forgetting"], **kwargs)
+        dims = settings.get("matryoshka_dims")
+        check_matryoshka_width(dims, key_dim, embedding_dim)
+        return cls(config, fgsm, forgetting=settings["ifcl_forgetting"], matryoshka_dims=dims,
+                   matryoshka_weights=settings.get("matryoshka_weights"), **kwargs)
 
     # ----------------------------------------------------------------- the step
     def perturbation(self, embedding_shape: torch.Size, probe: MoCoSEOutput | None = None,
@@ -225,9 +252,15 @@ class ContrastiveObjective:
             else:
                 negatives.append(hard)
                 weights.append(torch.ones(hard.shape[0], device=hard.device))
+        negatives = torch.cat(negatives) if negatives else None
+        weights = torch.cat(weights) if weights else None
         result = info_nce_loss(queries, candidates, config.contrastive_temperature, positive_index=positive_index,
-                               extra_negatives=torch.cat(negatives) if negatives else None,
-                               extra_negative_weights=torch.cat(weights) if weights else None)
+                               extra_negatives=negatives, extra_negative_weights=weights)
+        if self.matryoshka_dims is not None:  # sum_j w_j InfoNCE on the first d_j dimensions of every vector
+            result.loss = self.matryoshka_weights[0] * result.loss + sum(weight * info_nce_loss(
+                queries[:, :dim], candidates[:, :dim], config.contrastive_temperature, positive_index=positive_index,
+                extra_negatives=None if negatives is None else negatives[:, :dim], extra_negative_weights=weights).loss
+                for dim, weight in zip(self.matryoshka_dims[1:], self.matryoshka_weights[1:]))
         if outputs.fraternal_query is not None:
             result.loss = result.loss + self._fraternal_losses(outputs, training)
         return result, keys

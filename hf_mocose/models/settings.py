@@ -151,6 +151,15 @@ _DECLARED = {
         "root-mean-square word-embedding entry); absolute = the paper's.", "fgsm", "FGSM epsilon unit", model=False),
     "fgsm_views": _s(str, "both", f"Which branches see the perturbation: {', '.join(FGSM_VIEWS)}.", "fgsm",
                      "FGSM perturbed branches", model=False),
+    "matryoshka_dims": _s(
+        list[int] | None, None, "Matryoshka: also train the first d dimensions of the keys, queries and queue at each d "
+        "listed (descending, the first the full key width, e.g. 384 128 64); the loss is the weighted sum of InfoNCE at "
+        "each; None = off.", "method", "Matryoshka dimensions", model=False,
+        doc="One forward per step; the queue keeps full keys, truncated (and re-normalised) per dimension, like the "
+            "query, its key and the other processes' gathered keys (`models.objective`, docs/methods.md)."),
+    "matryoshka_weights": _s(
+        list[float] | None, None, "Weights of the matryoshka_dims losses, one per dimension; None = all 1.", "method",
+        "Matryoshka weights", model=False),
     "head_learning_rate": _s(
         float | None, 1e-3, "Learning rate of the online heads (pooler, projection, predictor); null = learning_rate "
         "(the paper's).", "optimizer", "learning rate of the heads (pooler, projection, predictor)", model=False,
@@ -250,8 +259,24 @@ def validate_settings(values: dict[str, Any]) -> None:
         raise ValueError(f"fgsm_epsilon must be >= 0, got {values['fgsm_epsilon']!r}.")
     if not 0.0 <= _get(values, "ifcl_forgetting") < 1.0:
         raise ValueError(f"ifcl_forgetting (lambda) must be in [0, 1), got {values['ifcl_forgetting']!r}.")
+    _check_matryoshka(_get(values, "matryoshka_dims"), _get(values, "matryoshka_weights"))
     if (rate := _get(values, "head_learning_rate")) is not None and not rate > 0:
         raise ValueError(f"head_learning_rate must be > 0 (or None for learning_rate), got {rate!r}.")
+
+
+def _check_matryoshka(dims, weights) -> None:
+    if dims is None:
+        if weights is not None:
+            raise ValueError(f"matryoshka_weights={list(weights)!r} needs matryoshka_dims.")
+        return
+    dims = list(dims)
+    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims) or any(
+            a <= b for a, b in zip(dims, dims[1:])):
+        raise ValueError(f"matryoshka_dims must be whole numbers >= 1 in descending order, the first the full key "
+                         f"width (e.g. [384, 128, 64]), got {dims!r}.")
+    if weights is not None and (len(weights) != len(dims) or any(not w > 0 for w in weights)):
+        raise ValueError(f"matryoshka_weights must be {len(dims)} numbers > 0, one per matryoshka_dims entry, "
+                         f"got {list(weights)!r}.")
 
 
 def with_keywords(settings: tuple[Setting, ...], more: bool = True):

@@ -88,6 +88,7 @@ class MoCoSELossCallback(EMATargetCallback):
         """Refusals, data checks, the resumed loss state, one start for every process; before any step."""
         loss = self.mocose_loss
         refuse_unsupported_launch(args)
+        loss.adopt_matryoshka_wrapper()  # MatryoshkaLoss(model, loss, dims): its dims, or its refusal, before step 1
         rate = loss.settings["head_learning_rate"]
         if rate is not None and not _covers_heads(getattr(args, "learning_rate_mapping", None) or {}, loss):
             raise ValueError(f"MoCoSELoss(head_learning_rate={rate}) gives the heads their learning rate when the trainer "

@@ -22,7 +22,7 @@ from ..models.configuration import MODEL_CONFIG_FIELDS, MoCoSEConfig
 from ..models.branches import ContrastiveBranches, Encoders
 from ..models.ema import EMATensorPairs
 from ..models.heads import init_head_weights
-from ..models.objective import ContrastiveObjective, FGSMPerturbation
+from ..models.objective import ContrastiveObjective, FGSMPerturbation, check_matryoshka_width
 from ..models.settings import LOSS_SETTINGS, METHOD_DEFAULTS, SETTINGS, take_settings, with_keywords
 from ..launch.precision import AutocastState, recorded_autocast
 from .callback import MoCoSELossCallback
@@ -131,11 +131,11 @@ class MoCoSELoss(nn.Module):
         s = self.settings
         refuse_sharded_loss_launch()  # an `accelerate launch` with FSDP fails inside prepare(), before any loss hook
         config = MoCoSEConfig(**{k: v for k, v in s.items() if k in MODEL_CONFIG_FIELDS})
-        self.objective = ContrastiveObjective.from_settings(config, s)
-        if self.fgsm.mode != "off":
-            _word_embeddings(model)
         if not (hidden := model.get_embedding_dimension()):
             raise ValueError("MoCoSELoss could not read the model's embedding dimension (get_embedding_dimension() is None).")
+        self.objective = ContrastiveObjective.from_settings(config, s, key_dim=hidden, embedding_dim=hidden)
+        if self.fgsm.mode != "off":
+            _word_embeddings(model)
         self.__dict__["_bound_model"] = model  # a plain reference: not a second sub-module
         std = getattr(getattr(model.transformers_model, "config", None), "initializer_range", 0.02)
         branches = ContrastiveBranches.build(config, hidden, partial(copy.deepcopy, model), key_dim=hidden,
@@ -180,6 +180,38 @@ class MoCoSELoss(nn.Module):
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     # ----------------------------------------------------------------- sentence-transformers protocol
+    # `MatryoshkaLoss(model, MoCoSELoss(model), dims)`: a loss that says it caches gradients gets, instead of a
+    # truncated `model.forward` (which would cut the online embedding only, before the heads, and neither the target
+    # keys nor the queue), its `calculate_loss` wrapped in a decorator that carries the dims and weights; this loss
+    # reads them from there and runs its own Matryoshka objective, the same as `matryoshka_dims=dims`.
+    uses_gradient_cache = True
+
+    def calculate_loss(self, *args, **kwargs):
+        raise NotImplementedError("MoCoSELoss computes its loss in forward(); calculate_loss is where "
+                                  "sentence-transformers' MatryoshkaLoss leaves its dimensions.")
+
+    def adopt_matryoshka_wrapper(self) -> None:
+        """Takes the dimensions of a wrapping `MatryoshkaLoss` (its decorator on `calculate_loss`), if any, as
+        `matryoshka_dims` / `matryoshka_weights`; refuses what it cannot run the same way. Idempotent."""
+        decorator = self.__dict__.get("calculate_loss")
+        if decorator is None or self.__dict__.get("_adopted") is decorator:
+            return
+        dims, weights = list(decorator.matryoshka_dims), [float(w) for w in decorator.matryoshka_weights]
+        if getattr(decorator, "n_dims_per_step", -1) not in (-1, 0, None) and decorator.n_dims_per_step < len(dims):
+            raise ValueError(f"MatryoshkaLoss(n_dims_per_step={decorator.n_dims_per_step}) around MoCoSELoss: the queue "
+                             "and target keys serve every dimension each step; use MoCoSELoss(model, matryoshka_dims="
+                             f"{dims}) (or n_dims_per_step=-1).")
+        own = self.settings["matryoshka_dims"]
+        if own is not None and list(own) != dims:
+            raise ValueError(f"MoCoSELoss(matryoshka_dims={list(own)}) inside MatryoshkaLoss(matryoshka_dims={dims}): "
+                             "give the dimensions once, as MoCoSELoss(model, matryoshka_dims=...).")
+        take_settings({"matryoshka_dims": dims, "matryoshka_weights": weights}, LOSS_SETTINGS)  # the same checks
+        hidden = self.online_model.get_embedding_dimension()
+        check_matryoshka_width(dims, hidden, hidden)
+        self.settings.update(matryoshka_dims=dims, matryoshka_weights=weights)
+        self.objective.matryoshka_dims, self.objective.matryoshka_weights = tuple(dims), tuple(weights)
+        self.__dict__["_adopted"] = decorator
+
     def get_config_dict(self) -> dict[str, Any]:
         """The settings, as the model card shows them."""
         return dict(self.settings)
@@ -219,6 +251,7 @@ class MoCoSELoss(nn.Module):
             raise RuntimeError("MoCoSELoss is training without its callback, which moves the EMA target, clips the heads "
                                "with the model and checkpoints the loss state: pass callbacks=[loss.callback] to "
                                "SentenceTransformerTrainer(...).")
+        self.adopt_matryoshka_wrapper()
         features = list(sentence_features)
         if labels is not None or len(features) not in (1, 2):
             raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "

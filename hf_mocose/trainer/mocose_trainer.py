@@ -118,7 +118,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         if differing:
             logger.warning("The model's config wins over these training arguments (argument, model): %s", differing)
         self.objective = ContrastiveObjective.from_settings(config, vars(args), queue_age_slices=args.queue_age_slices,
-                                                            queue_window=self.queue_window)
+                                                            queue_window=self.queue_window, key_dim=config.key_dim,
+                                                            embedding_dim=config.hidden_size)
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one

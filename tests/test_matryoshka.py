@@ -1,0 +1,151 @@
+"""Matryoshka MoCoSE (`matryoshka_dims`): the objective at every width with queries, keys and queue cut alike, in
+both front ends, through sentence-transformers' own `MatryoshkaLoss` wrapper, refusals, and an exact resume."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_st_trainer, make_trainer, tiny_sentence_transformer
+from datasets import Dataset
+from test_st_loss import _long_sentences, _losses
+from test_st_loss_runs import _assert_states_equal, _loss_state
+
+from hf_mocose.data.corpus import python_docs_sentences
+from hf_mocose.models import objective as objective_module
+
+DIMS = [32, 16, 8]  # the tiny encoder is 32 wide
+
+
+def _record_widths(monkeypatch):
+    """Records, for every InfoNCE the objective takes, the widths of its queries, candidates and extra negatives."""
+    seen, info_nce = [], objective_module.info_nce_loss
+
+    def recording(queries, keys, temperature, **kwargs):
+        extra = kwargs.get("extra_negatives")
+        seen.append((queries.shape[-1], keys.shape[-1], None if extra is None else extra.shape[-1]))
+        return info_nce(queries, keys, temperature, **kwargs)
+
+    monkeypatch.setattr(objective_module, "info_nce_loss", recording)
+    return seen
+
+
+@pytest.mark.parametrize("front_end", ["trainer", "st_loss"])
+def test_every_width_cuts_queries_keys_and_queue_alike(tiny_encoder, tmp_path, monkeypatch, front_end):
+    seen = _record_widths(monkeypatch)
+    if front_end == "trainer":
+        trainer = make_trainer(tiny_encoder, tmp_path, max_steps=2, matryoshka_dims=DIMS)
+    else:
+        trainer = make_st_trainer(tiny_encoder, tmp_path, max_steps=2, loss_kwargs=dict(matryoshka_dims=DIMS))
+    trainer.train()
+    # each step: the full loss, then one per smaller width; the queue (extra negatives) is there and cut the same way
+    assert seen == [(d, d, d) for d in DIMS] * 2
+    assert all(torch.isfinite(torch.tensor(_losses(trainer))))
+
+
+def test_simcse_mode_in_batch_negatives_at_every_width(tiny_encoder, tmp_path, monkeypatch):
+    seen = _record_widths(monkeypatch)
+    make_trainer(tiny_encoder, tmp_path, max_steps=1, method="simcse", matryoshka_dims=DIMS).train()
+    assert [(q, k) for q, k, _ in seen] == [(d, d) for d in DIMS]
+
+
+def test_the_loss_is_the_weighted_sum_over_widths(tiny_encoder, tmp_path):
+    """Weights (1, 0, 0) give the plain loss exactly; other weights give another loss from the same first batch."""
+    plain = make_trainer(tiny_encoder, tmp_path / "a", max_steps=2)
+    plain.train()
+    zero = make_trainer(tiny_encoder, tmp_path / "b", max_steps=2, matryoshka_dims=DIMS, matryoshka_weights=[1, 1e-30, 1e-30])
+    zero.train()
+    weighted = make_trainer(tiny_encoder, tmp_path / "c", max_steps=2, matryoshka_dims=DIMS)
+    weighted.train()
+    assert _losses(zero) == pytest.approx(_losses(plain), rel=1e-6)
+    assert _losses(weighted)[0] > _losses(plain)[0] * 1.5  # three InfoNCE terms of similar size
+
+
+def _wrapped_trainer(tiny_encoder, output_dir, dims, **matryoshka_kwargs):
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+    from transformers import set_seed
+
+    from hf_mocose import MoCoSELoss
+
+    set_seed(0)
+    model = tiny_sentence_transformer(tiny_encoder)
+    inner = MoCoSELoss(model, queue_size=10, queue_init_size=3)
+    loss = MatryoshkaLoss(model, inner, matryoshka_dims=dims, **matryoshka_kwargs)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0)
+    dataset = Dataset.from_dict({"text": python_docs_sentences()[:64]})
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[inner.callback])
+
+
+def _matryoshka_loss_honours_gradient_caching() -> bool:
+    from sentence_transformers.sentence_transformer.losses import matryoshka
+
+    return hasattr(matryoshka, "uses_gradient_cache")
+
+
+@pytest.mark.skipif(not _matryoshka_loss_honours_gradient_caching(),
+                    reason="this sentence-transformers' MatryoshkaLoss truncates model.forward for every inner loss; "
+                           "use MoCoSELoss(model, matryoshka_dims=...)")
+def test_sentence_transformers_wrapper_trains_as_the_keyword(tiny_encoder, tmp_path):
+    wrapped = _wrapped_trainer(tiny_encoder, tmp_path / "wrapped", DIMS)
+    wrapped.train()
+    keyword = make_st_trainer(tiny_encoder, tmp_path / "keyword", max_steps=3, loss_kwargs=dict(matryoshka_dims=DIMS))
+    keyword.train()
+    assert _losses(wrapped) == pytest.approx(_losses(keyword), abs=1e-6)
+    assert wrapped.loss.loss.settings["matryoshka_dims"] == DIMS
+
+
+@pytest.mark.skipif(not _matryoshka_loss_honours_gradient_caching(), reason="see above")
+def test_the_wrapper_sampling_dimensions_is_refused_naming_the_keyword(tiny_encoder, tmp_path):
+    trainer = _wrapped_trainer(tiny_encoder, tmp_path, DIMS, n_dims_per_step=1)
+    with pytest.raises(ValueError, match=r"n_dims_per_step=1.*matryoshka_dims=\[32, 16, 8\]"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(matryoshka_dims=[32, 8, 16]), "descending"),
+    (dict(matryoshka_dims=[16, 8]), "full width"),
+    (dict(matryoshka_dims=[32, 0]), "whole numbers >= 1"),
+    (dict(matryoshka_dims=[32, 16], matryoshka_weights=[1.0]), "2 numbers > 0"),
+    (dict(matryoshka_weights=[1.0, 1.0]), "needs matryoshka_dims"),
+])
+def test_impossible_settings_are_refused_in_both_front_ends(tiny_encoder, tmp_path, kwargs, match):
+    from hf_mocose import MoCoSELoss
+
+    with pytest.raises(ValueError, match=match):
+        MoCoSELoss(tiny_sentence_transformer(tiny_encoder), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        make_trainer(tiny_encoder, tmp_path, **kwargs)
+
+
+def test_the_command_line_flag_trains_and_the_export_truncates(tiny_encoder, tmp_path, capsys):
+    """`--matryoshka_dims` (scripts/train.py, hf-mocose train): trains, records the dims in the checkpoint's
+    arguments, and the exported model loads with `truncate_dim`."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_mocose.commands.train import main, parse_args
+    from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS
+
+    argv = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
+            "--per_device_train_batch_size", "8", "--max_steps", "2", "--queue_size", "16", "--queue_init_size", "4",
+            "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
+            "--disable_tqdm", "true", "--max_seq_length", "16", "--matryoshka_dims", "32", "16", "8"]
+    assert parse_args(argv)[1].matryoshka_dims == DIMS
+    final = main(argv)
+    assert "Saved the final MoCoSE checkpoint" in capsys.readouterr().out
+    assert torch.load(Path(final) / "training_args.bin", weights_only=False).matryoshka_dims == DIMS
+    model = SentenceTransformer(str(tmp_path / "sentence-transformers"), truncate_dim=8)
+    assert model.encode(["one sentence", "and another"]).shape == (2, 8)
+
+
+def test_resume_is_exact(tiny_encoder, tmp_path):
+    setup = dict(max_steps=6, save_strategy="steps", save_steps=3, dataset=Dataset.from_dict({"text": _long_sentences(64)}),
+                 loss_kwargs=dict(queue_size=20, queue_init_size=3, matryoshka_dims=DIMS, matryoshka_weights=[1, .5, .25]),
+                 model_kwargs=dict(max_seq_length=8))
+    full = make_st_trainer(tiny_encoder, tmp_path / "full", **setup)
+    full.train()
+    resumed = make_st_trainer(tiny_encoder, tmp_path / "full", **setup)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    assert _losses(resumed)[-3:] == pytest.approx(_losses(full)[-3:], abs=1e-5)
+    _assert_states_equal(_loss_state(resumed), _loss_state(full), atol=1e-5)
