@@ -36,8 +36,24 @@ EXPECTED = {
 }
 
 
+# With peft installed (the dev extra has it, as most GPU images do), transformers.trainer_utils imports peft, which
+# imports the auto classes: they load while that module, or one of ours importing TrainerCallback, is half-initialised.
+# Each of these failed so before the registration waited for the imports under way to settle.
+AUTO_MODEL = "from transformers import AutoModel\nprint([type(AutoModel.from_pretrained(FINAL)).__name__])"
+PEFT_CASES = {
+    "with peft: the EMA module imported first": "import hf_mocose.models.ema\n" + AUTO_MODEL,
+    "with peft: the encoder module imported first": "import hf_mocose.models.encoder_init\n" + AUTO_MODEL,
+    "with peft: MoCoSETrainer imported first": "from hf_mocose import MoCoSETrainer\n" + AUTO_MODEL,
+    "with peft: Trainer imported after hf_mocose": "import hf_mocose\nfrom transformers import Trainer\n" + AUTO_MODEL,
+}
+CASES.update(PEFT_CASES)
+EXPECTED.update(dict.fromkeys(PEFT_CASES, "['MoCoSEModel']"))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_mocose_type_is_known_after_import_hf_mocose(case):
+    if case in PEFT_CASES:
+        pytest.importorskip("peft", reason="peft is not installed (the dev extra installs it)")
     code = f"FINAL = {str(FINAL)!r}\n" + CASES[case]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
