@@ -1,8 +1,8 @@
 """The gpu_check's plan: its sections in order, the checks each makes, how long each is expected to take and may
 take, and how the time budget is shared out (run.py runs the sections, verdict.py judges what they left). No torch.
 
-Every figure is a pair, (one GPU, `--tiny` on the CPU). The GPU figures are estimates: no GPU has run this yet
-(docs/performance.md, section 3, keeps them beside the measured times once one has). The `--tiny` ones were
+Every figure is a pair, (one GPU, `--tiny` on the CPU). The GPU figures are estimates, written before the one
+H200 run (docs/performance.md, section 3, lists its measured seconds per section beside them). The `--tiny` ones were
 measured on the 2-core development machine under other engineers' load, with room to spare.
 """
 
