@@ -61,7 +61,12 @@ def submit(workdir: Path, folder: str, encoder: str, *extra: str) -> int:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "SBATCH_GPUS_PER_NODE": "0", "SBATCH_OUTPUT": str(workdir / f"{folder}.log"), "MOCOSE_RECIPE": "quickstart",
            "MOCOSE_OUTPUT_DIR": folder, "MOCOSE_PROCESSES_PER_NODE": str(PROCESSES_PER_NODE)}
-    submitted = slurm("bash", str(SCRIPT), "--model_name_or_path", encoder, *TRAINING, *extra, cwd=workdir, env=env)
+    return submitted_job(slurm("bash", str(SCRIPT), "--model_name_or_path", encoder, *TRAINING, *extra, cwd=workdir,
+                               env=env))
+
+
+def submitted_job(submitted: subprocess.CompletedProcess) -> int:
+    """The job id `sbatch` printed."""
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     return int(re.fullmatch(r"Submitted batch job (\d+)\n", submitted.stdout).group(1))
 
@@ -137,8 +142,7 @@ def test_a_second_job_into_the_same_folder_waits_then_is_refused(first_run):
 def test_a_job_under_another_name_is_refused(cluster, tmp_path):
     env = {**os.environ, "SBATCH_GPUS_PER_NODE": "0", "SBATCH_OUTPUT": str(tmp_path / "named.log"),
            "MOCOSE_OUTPUT_DIR": str(tmp_path / "out")}
-    submitted = slurm("sbatch", str(SCRIPT), cwd=tmp_path, env=env)  # the file's own name, hf-mocose
-    job_id = int(submitted.stdout.split()[-1])
+    job_id = submitted_job(slurm("sbatch", str(SCRIPT), cwd=tmp_path, env=env))  # the file's own name, hf-mocose
     state = wait_until_ended(job_id, 60)
     assert (state["JobState"], state["ExitCode"]) == ("FAILED", "2:0"), state
     assert (tmp_path / "named.log").read_text() == (
@@ -172,9 +176,8 @@ def test_a_lost_node_fails_the_job_which_is_requeued_and_resumes_to_the_same_wei
     # The job fails at once (srun --kill-on-bad-exit ends node1's processes) and requeues itself.
     requeued = wait_for(lambda: (state := job(lost))["Restarts"] == "1" and state["JobState"] == "PENDING" and state,
                         60, f"job {lost} requeued")
-    assert not node_training_processes("node1") and not node_training_processes("node2")
-    # SLURM holds a requeued job for about 2 minutes (BeginTime) to let its nodes settle; the test needs no wait.
-    assert requeued["Reason"] == "BeginTime", requeued
+    assert not node_training_processes("node1") and not node_training_processes("node2"), requeued
+    # SLURM holds a requeued job for about 2 minutes (its BeginTime) to let its nodes settle; the test needs no wait.
     slurm("scontrol", "update", f"JobId={lost}", "StartTime=now")
     state = wait_until_ended(lost)
     log = (workdir / "lost.log").read_text()
