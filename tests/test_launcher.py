@@ -127,3 +127,11 @@ def test_a_refusal_through_hf_mocose_train_is_train_py_s_line(tmp_path):
     line = r"train\.py: error: per_device_train_batch_size .*0.* \(HF_MOCOSE_DEBUG=1 shows the traceback\)"
     assert re.fullmatch(line, cli.stderr.strip())
     assert not (tmp_path / "out").exists()
+
+
+def test_recipes_slurm_prints_the_shipped_job_script_which_the_docs_include(capsys):
+    script = (REPO_ROOT / "hf_mocose" / "launch" / "mocose.sbatch").read_text(encoding="utf-8")
+    code, out, _ = run_cli(["recipes", "--slurm"], capsys)
+    assert (code, out) == (0, script)
+    docs = (REPO_ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert f"```bash\n{script}```\n" in docs  # docs/distributed.md, "SLURM": the file itself, not a drifting copy

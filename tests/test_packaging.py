@@ -66,11 +66,12 @@ def test_an_installed_wheel_finds_the_card_template_and_the_metric_script(wheel,
     assert float(spearman) == pytest.approx(100.0)
 
 
-def test_the_wheel_carries_every_recipe_and_launcher_config(wheel):
+def test_the_wheel_carries_every_recipe_launcher_config_and_the_slurm_script(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for source, packaged in (("training_args", "recipes"), ("configs/accelerate", "accelerate_configs")):
         files = sorted(path.name for path in (REPO_ROOT / source).glob("*.yaml"))
         assert files and {f"hf_mocose/{packaged}/{name}" for name in files} <= names
+    assert "hf_mocose/launch/mocose.sbatch" in names  # `hf-mocose recipes --slurm` prints it
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,9 @@ MAX_MODULE_LINES = 400
 # hook's device read outside dynamo's fullgraph (torch 2.6), 8,720; the runtime files on torch 2.6 (bounded dimensions,
 # optimize=True, optimum's axis names), 8742; Matryoshka MoCoSE (the setting and its checks, the objective's
 # sum over widths, MoCoSELoss under sentence-transformers' MatryoshkaLoss), 8835; the auto registration waiting for imports under way to
-# settle (with peft installed, the auto classes load mid-import), 8861.
-MAX_PACKAGE_LINES = 8861
+# settle (with peft installed, the auto classes load mid-import), 8861; `hf-mocose recipes --slurm` (the SLURM job
+# script, launch/mocose.sbatch, is shell and not counted), 8865.
+MAX_PACKAGE_LINES = 8865
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

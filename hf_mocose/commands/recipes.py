@@ -3,6 +3,7 @@
 A recipe is named (`quickstart`: a YAML file of `training_args/`) or a path to any YAML; a launcher config likewise
 (`fsdp2`: `configs/accelerate/`). The checkout's folders are read first (an editable install); a wheel carries copies
 (`hf_mocose/recipes/`, `hf_mocose/accelerate_configs/`, setup.py). A recipe's first line, a comment, says its purpose.
+`hf-mocose recipes --slurm` prints the SLURM job script (`hf_mocose/launch/mocose.sbatch`, docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 _CHECKOUT = Path(__file__).resolve().parents[2]
 RECIPES, ACCELERATE_CONFIGS = ("training_args", "recipes"), ("configs/accelerate", "accelerate_configs")
+SLURM_SCRIPT = resources.files("hf_mocose") / "launch" / "mocose.sbatch"
 
 
 def named_files(kind: tuple[str, str]) -> dict[str, Path]:
@@ -48,4 +50,6 @@ def print_recipes() -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("recipes", help="the recipes and launcher configs that ship with hf-mocose")
-    parser.set_defaults(func=lambda args: print_recipes())
+    parser.add_argument("--slurm", action="store_true", help="print the SLURM job script (docs/distributed.md)")
+    parser.set_defaults(func=lambda args: print(SLURM_SCRIPT.read_text(encoding="utf-8"), end="") if args.slurm
+                        else print_recipes())
