@@ -61,12 +61,17 @@ def build_tiny_encoder(path: Path, model_type: str = "bert", seed: int = 0) -> s
     return str(path)
 
 
+# marker -> the word `-m` names to run it; otherwise its tests are deselected from the default run
+OPT_IN_MARKERS = {"launch_matrix_full": "launch_matrix", "docs": "docs"}
+
+
 def pytest_collection_modifyitems(config, items):
     """The whole launch matrix (tests/test_launch_matrix.py) runs when `-m` names `launch_matrix`; otherwise its cells
-    marked `launch_matrix_full` are deselected and only its fast subset runs."""
-    if "launch_matrix" in (config.getoption("markexpr") or ""):
-        return
-    kept = [item for item in items if item.get_closest_marker("launch_matrix_full") is None]
+    marked `launch_matrix_full` are deselected and only its fast subset runs. The documentation site's test (marker
+    `docs`, tests/test_docs_site.py: it builds the site, which needs the `docs` extra) runs when `-m` names `docs`."""
+    markexpr = config.getoption("markexpr") or ""
+    left_out = [marker for marker, word in OPT_IN_MARKERS.items() if word not in markexpr]
+    kept = [item for item in items if not any(item.get_closest_marker(marker) for marker in left_out)]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
