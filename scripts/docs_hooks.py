@@ -6,9 +6,10 @@
   parsers `hf-mocose` runs (`hf_mocose.commands.cli.build_parser`, and `hf-mocose train`'s recipe parser);
 - in the API page, the docstrings' cross-references in transformers' style, [`MoCoSEModel`] or
   [`~transformers.TrainingArguments`], become the name (its last part), linked where the page documents it;
-- `<!-- training-arguments -->` (docs/api.md) becomes the table of `MoCoSETrainingArguments`' fields, each with its
-  type, default and `metadata["help"]`. Its method settings are made by `make_dataclass` from
-  `hf_mocose.models.settings`, which no static reader of the source sees, so the table reads the dataclass itself.
+- `<!-- training-arguments -->` (docs/api.md) becomes `MoCoSETrainingArguments`' section: its docstring's opening
+  and the table of its fields, each with its type, default and help. Its method settings are made by
+  `make_dataclass` from `hf_mocose.models.settings`, and its docstring is completed at import time, neither of
+  which a static reader of the source (mkdocstrings' griffe) sees, so the section reads the class itself.
 """
 
 from __future__ import annotations
@@ -77,12 +78,18 @@ def table_cell(value, code: bool = False) -> str:
     return f"<code>{text}</code>" if code else text
 
 
-def training_arguments_table() -> str:
+def training_arguments_section() -> str:
+    """`MoCoSETrainingArguments`: its docstring's opening (the rest of it lists the fields, which the tables hold), then
+    every field with its type, default and help (a method setting's help with what its docstring entry adds)."""
+    import inspect
+
     from transformers import TrainingArguments
 
     from hf_mocose import MoCoSETrainingArguments
+    from hf_mocose.models.settings import ARGS_SETTINGS
 
     inherited = {field.name: field for field in dataclasses.fields(TrainingArguments)}
+    setting_docs = {setting.name: setting.doc for setting in ARGS_SETTINGS}
 
     def default(field):
         if field.default is not dataclasses.MISSING:
@@ -94,18 +101,21 @@ def training_arguments_table() -> str:
 
     def rows(fields) -> str:
         return "\n".join(f"| `{f.name}` | {table_cell(getattr(f.type, '__name__', f.type), code=True)} "
-                         f"| {table_cell(default(f), code=True)} | {table_cell(f.metadata.get('help', ''))} |"
+                         f"| {table_cell(default(f), code=True)} "
+                         f"| {table_cell(' '.join((f.metadata.get('help', ''), setting_docs.get(f.name, ''))))} |"
                          for f in fields)
 
     fields = [field for field in dataclasses.fields(MoCoSETrainingArguments) if field.init]
+    opening = inspect.getdoc(MoCoSETrainingArguments).split("\n> ", 1)[0].strip()
     header = "| field | type | default | help |\n| --- | --- | --- | --- |\n"
-    return ("### MoCoSE's fields (and the Trainer's whose default MoCoSE changes)\n\n" + header
+    return (f"## MoCoSETrainingArguments {{ #hf_mocose.trainer.training_args.MoCoSETrainingArguments }}\n\n"
+            f"{opening}\n\n### MoCoSE's fields (and the Trainer's whose default MoCoSE changes)\n\n{header}"
             + rows(f for f in fields if own(f))
             + "\n\n### Inherited from `transformers.TrainingArguments`\n\n" + header
             + rows(f for f in fields if not own(f)) + "\n")
 
 
-MARKERS = {"<!-- cli-reference -->": cli_reference, "<!-- training-arguments -->": training_arguments_table}
+MARKERS = {"<!-- cli-reference -->": cli_reference, "<!-- training-arguments -->": training_arguments_section}
 
 
 def on_page_markdown(markdown: str, page, **_) -> str:
