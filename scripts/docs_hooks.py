@@ -5,7 +5,8 @@
 - `<!-- cli-reference -->` (docs/cli.md) becomes the help of `hf-mocose` and of each sub-command, printed by the
   parsers `hf-mocose` runs (`hf_mocose.commands.cli.build_parser`, and `hf-mocose train`'s recipe parser);
 - in the API page, the docstrings' cross-references in transformers' style, [`MoCoSEModel`] or
-  [`~transformers.TrainingArguments`], become the name (its last part), linked where the page documents it;
+  [`~transformers.TrainingArguments`], become the name (its last part), linked where the page documents it, and
+  the `::` lines of sentence-transformers-style (reStructuredText) literal blocks are dropped;
 - `<!-- training-arguments -->` (docs/api.md) becomes `MoCoSETrainingArguments`' section: its docstring's opening
   and the table of its fields, each with its type, default and help. Its method settings are made by
   `make_dataclass` from `hf_mocose.models.settings`, and its docstring is completed at import time, neither of
@@ -137,4 +138,5 @@ def on_page_content(html_text: str, page, **_) -> str:
         code = f"<code>{short}</code>"
         return f'<a href="#{anchors[short]}">{code}</a>' if short in anchors else code
 
+    html_text = html_text.replace("<p>::</p>", "")  # RST's literal-block marker: the indented block is code already
     return re.sub(r"\[<code>~?([\w.]+)</code>\]", name, html_text)
