@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HELP_COLUMNS = "100"  # argparse wraps its help at $COLUMNS: a fixed width keeps the page the same on every machine
+HELP_COLUMNS = "80"  # argparse wraps its help at $COLUMNS: a fixed width, one that fits the page, on every machine
 INCLUDED_FILES = {"index.md": "README.md", "changelog.md": "CHANGELOG.md"}
 
 
