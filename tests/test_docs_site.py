@@ -45,8 +45,10 @@ def site(tmp_path_factory) -> Path:
 
 
 def render(chromium: str, page: Path, *flags: str) -> subprocess.CompletedProcess:
+    # --allow-file-access-from-files: the pages are opened as files, whose scripts (search) read the site's other files
     command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-               "--window-size=1280,1600", "--virtual-time-budget=3000", *flags, page.as_uri()]
+               "--allow-file-access-from-files", "--window-size=1280,1600", "--virtual-time-budget=5000", *flags,
+               page.as_uri()]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -77,8 +79,10 @@ def test_the_home_page_renders_the_readme(chromium, site):
     text = shown_text(dom)
     for words in ("hf-mocose", "Set up and test", "python -m pytest -q", "Quick start: MoCoSETrainer", "79.73 to 83.40"):
         assert words in text, words
-    for link in ('href="getting_started.html"', 'href="api.html"', 'href="results.html"', 'data-md-component="search"'):
+    for link in ('href="getting_started.html"', 'href="api.html"', 'href="results.html"'):
         assert link in dom, link
+    assert re.search(r'<div class="md-search" data-md-component="search"[^>]*>', dom).group(0).count("hidden") == 0, \
+        "the search box is hidden: Material's search did not start"
 
 
 def test_the_api_page_names_the_public_classes_with_their_docstrings(chromium, site):
