@@ -10,7 +10,8 @@
 - `<!-- training-arguments -->` (docs/api.md) becomes `MoCoSETrainingArguments`' section: its docstring's opening
   and the table of its fields, each with its type, default and help. Its method settings are made by
   `make_dataclass` from `hf_mocose.models.settings`, and its docstring is completed at import time, neither of
-  which a static reader of the source (mkdocstrings' griffe) sees, so the section reads the class itself.
+  which a static reader of the source (mkdocstrings' griffe) sees, so the section reads the class itself;
+- on every page, a list right after a paragraph line starts a list, as on GitHub (`lists_after_paragraphs`).
 """
 
 from __future__ import annotations
@@ -116,16 +117,31 @@ def training_arguments_section() -> str:
             + rows(f for f in fields if not own(f)) + "\n")
 
 
+def lists_after_paragraphs(markdown: str) -> str:
+    """A blank line before a list that follows a paragraph line: GitHub starts the list there, Python-Markdown would
+    run its items into the paragraph (the pages are written for GitHub)."""
+    lines, in_code, previous = [], False, ""
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif (not in_code and re.match(r"([-*]|\d+\.) ", line) and previous.strip()
+              and not re.match(r"\s|[-*#|]|\d+\. ", previous)):
+            lines.append("")
+        lines.append(line)
+        previous = line
+    return "\n".join(lines)
+
+
 MARKERS = {"<!-- cli-reference -->": cli_reference, "<!-- training-arguments -->": training_arguments_section}
 
 
 def on_page_markdown(markdown: str, page, **_) -> str:
     if page.file.src_uri in INCLUDED_FILES:
-        return site_links((ROOT / INCLUDED_FILES[page.file.src_uri]).read_text(encoding="utf-8"))
+        markdown = site_links((ROOT / INCLUDED_FILES[page.file.src_uri]).read_text(encoding="utf-8"))
     for marker, render in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, render())
-    return markdown
+    return lists_after_paragraphs(markdown)
 
 
 def on_page_content(html_text: str, page, **_) -> str:

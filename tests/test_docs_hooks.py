@@ -58,3 +58,8 @@ def test_docstring_cross_references_become_names_linked_where_documented():
     assert '<a href="#hf_mocose.models.modeling.MoCoSEModel"><code>MoCoSEModel</code></a>' in out
     assert "like <code>TrainingArguments</code>." in out and "<p>::</p>" not in out
     assert docs_hooks.on_page_content(html, page("methods.md")) == html
+
+
+def test_a_list_after_a_paragraph_line_starts_a_list_as_on_github():
+    text = "Against the field:\n- **one**\n- two\n  more\n\n```\nnot a list:\n- kept\n```\n"
+    assert docs_hooks.lists_after_paragraphs(text) == text.replace(":\n- **one**", ":\n\n- **one**")
