@@ -82,9 +82,9 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             `attention_mask`, ...; plus `text`, and any `positive_text`, for UNA).
         eval_dataset: STS pairs with `sentence1`, `sentence2`, `score`; defaults to `args.stsb_dev_file`.
         processing_class: the tokenizer; loaded with `AutoTokenizer` from where the model came from when omitted.
-        compute_metrics: called at each evaluation with `EvalPrediction(predictions=cosine similarities (N,),
-            label_ids=gold scores (N,))` of the STS pairs; its metrics are added with the key prefix.
-        Other arguments are `Trainer`'s.
+        **kwargs: `Trainer`'s other arguments; `compute_metrics` is called at each evaluation with
+            `EvalPrediction(predictions=cosine similarities (N,), label_ids=gold scores (N,))` of the STS pairs, its
+            metrics added with the key prefix.
     """
 
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
