@@ -32,6 +32,7 @@ from ..trainer.training_args import MoCoSETrainingArguments
 from ..launch.checkpoints import remove_temporary_files
 from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
+from ..launch.run_folder import failed_save_sentence, release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
@@ -299,7 +300,14 @@ def main(argv: list[str] | None = None) -> str:
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
     preflight(args, args.resume_from_checkpoint, text_file=script_args.train_file)  # before the model loads
+    try:  # preflight took output_dir's lock: this run's until its export is written
+        return _train_and_save(script_args, args, stsb_dev)
+    finally:
+        release_run_folder(args.output_dir)
 
+
+def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments, stsb_dev: str | None) -> str:
+    """`main` once it holds output_dir: loads the model and the data, trains, saves and exports."""
     # The same doors as MoCoSETrainer(model="id or folder"): checks, builtin:, model_init_kwargs, tokenizer.
     fraternal = script_args.fraternal_model_name_or_path if script_args.fraternal_column else None
     if fraternal:
@@ -345,8 +353,11 @@ def main(argv: list[str] | None = None) -> str:
     else:
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
-        export_dir = (publish_final_model(trainer, final_dir, eval_results=metrics, **card)
-                      if script_args.export_sentence_transformers else None)
+        export_dir = None
+        if script_args.export_sentence_transformers:  # a write that fails is one line, as the saves' (no push here)
+            with failed_save_sentence(Path(args.output_dir) / "sentence-transformers", args.output_dir,
+                                      trainer.state_bytes):
+                export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:
