@@ -18,9 +18,10 @@ import pytest
 import torch
 from safetensors import SafetensorError
 from conftest import REPO_ROOT, make_st_trainer, make_trainer
-from test_preflight_refusals import refusal, train_argv, write_corpus
+from test_preflight_refusals import no_model_load, refusal, train_argv, write_corpus  # noqa: F401 (a fixture)
 
-from hf_mocose.commands.train import cli_main, main
+from hf_mocose.commands.train import cli_main, main, parse_args
+from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
 from hf_mocose.launch.checkpoints import checkpoint_problems
 from hf_mocose.launch.run_folder import LOCK_FILE, OWNER_FILE, folder_bytes, holds_run_folder, lock_run_folder, release_run_folder
 
@@ -185,3 +186,86 @@ def test_a_save_that_cannot_fit_is_refused_before_the_first_step(tiny_encoder, t
                        "or give an --output_dir on a disk with room.$"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+# ----------------------------------------------------------------------------- every named source before the model
+def test_a_folder_or_a_glob_of_files_is_a_corpus(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"part{i}.jsonl").write_text("".join(json.dumps({"text": f"Part {i} line {j}."}) + "\n"
+                                                       for j in range(3)))
+    (folder / ".hidden").write_text("not a part")
+    for train_file in (str(folder), str(folder / "part*.jsonl")):
+        assert load_sentences(train_file)["text"] == [f"Part {i} line {j}." for i in range(2) for j in range(3)]
+    (folder / "notes.md").write_text("# notes")
+    with pytest.raises(ValueError, match=f"^train_file '{folder}': notes.md has an unsupported extension '.md'"):
+        load_sentences(str(folder))
+    (folder / "notes.md").rename(folder / "more.txt")
+    with pytest.raises(ValueError, match=f"^train_file '{folder}' mixes formats \\(.jsonl, .txt\\)"):
+        load_sentences(str(folder))
+
+
+@pytest.mark.parametrize("name, problem", [("missing.txt", "does not exist"), ("*.parquet", "matches no file")])
+def test_a_train_file_that_names_nothing_is_refused_before_the_model_loads(name, problem, tmp_path, capsys,
+                                                                           no_model_load):
+    train_file = str(tmp_path / name)
+    argv = train_argv("unused", Path(train_file), tmp_path / "run")
+    assert cli_main(argv) == 2
+    assert refusal(capsys) == (f"train_file {train_file!r} {problem}: give a file, a folder or a glob (e.g. "
+                               "'corpus/*.txt') of .csv/.json/.jsonl/.parquet/.tsv/.txt files.")
+
+
+def test_a_bad_byte_in_a_folder_names_its_file(tmp_path, capsys, no_model_load):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_corpus(folder / "a.txt")
+    write_corpus(folder / "b.txt", n=2, extra=b"caf\xe9\n")
+    assert cli_main(train_argv("unused", folder, tmp_path / "run")) == 2
+    assert refusal(capsys).startswith(f"train_file '{folder / 'b.txt'}' is not UTF-8 text: line 3 holds the byte(s) e9")
+
+
+def test_a_hub_dataset_offline_and_not_cached_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch,
+                                                                                no_model_load):
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty-cache")
+    # a packaged recipe's train_file unset from the command line, so that dataset_name is read
+    argv = ["quickstart", "--train_file", "none", "--dataset_name", "princeton-nlp/datasets-for-simcse",
+            "--stsb_dev_file", "null", "--output_dir", str(tmp_path / "run"), "--bf16", "false"]
+    assert cli_main(argv) == 2
+    assert re.fullmatch(re.escape(
+        "dataset_name 'princeton-nlp/datasets-for-simcse' cannot be read: offline mode is on (HF_HUB_OFFLINE / "
+        "HF_DATASETS_OFFLINE) and it is not in the local cache (") + r"\w+" + re.escape(
+        "). Give the sentences as a local --train_file (a file, a folder or a glob of .txt/.jsonl/.csv/.parquet "
+        "files), or load the dataset once while online."), refusal(capsys))
+    assert not (tmp_path / "run").exists()
+
+
+def test_none_unsets_an_optional_path_of_a_recipe():
+    script_args, args = parse_args(["quickstart", "--train_file", "none", "--dataset_name", "me/corpus",
+                                    "--stsb_dev_file", "NULL", "--output_dir", "unused", "--bf16", "false"])
+    assert (script_args.train_file, script_args.dataset_name, args.stsb_dev_file) == (None, "me/corpus", None)
+    assert parse_args(["quickstart", "--output_dir", "unused", "--bf16", "false"])[0].train_file == BUILTIN_PYTHON_DOCS
+
+
+# ----------------------------------------------------------------------------- a resume that changes a setting
+def test_a_resume_at_another_learning_rate_or_weight_decay_is_refused_naming_both_values(tiny_encoder, tmp_path,
+                                                                                        capsys):
+    corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
+    assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5")) == 0
+    capsys.readouterr()
+    resume = ["--resume_from_checkpoint", "last", "--max_steps", "4"]
+    assert cli_main(train_argv(tiny_encoder, corpus, out, *resume, "--learning_rate", "1e-4", "--weight_decay",
+                               "0.01")) == 2
+    assert refusal(capsys) == (
+        f"Cannot resume {out / 'checkpoint-2'} with other optimizer settings (learning_rate 3e-05 in the checkpoint, "
+        "0.0001 asked; weight_decay 1e-06 in the checkpoint, 0.01 asked): its optimizer and scheduler state restore the "
+        "checkpoint's, so this run's would be silently ignored. Resume with the checkpoint's values, or train with "
+        "the new ones from the start in a fresh --output_dir.")
+    assert not (out / "checkpoint-4").exists()
+    # the same settings resume; a schedule of another shape is this run's (the Trainer builds it from the arguments)
+    assert cli_main(train_argv(tiny_encoder, corpus, out, *resume, "--learning_rate", "3e-5", "--lr_scheduler_type",
+                               "constant")) == 0
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file()

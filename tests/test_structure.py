@@ -57,8 +57,10 @@ MAX_MODULE_LINES = 400
 # hook's device read outside dynamo's fullgraph (torch 2.6), 8,720; the runtime files on torch 2.6 (bounded dimensions,
 # optimize=True, optimum's axis names), 8742; Matryoshka MoCoSE (the setting and its checks, the objective's
 # sum over widths, MoCoSELoss under sentence-transformers' MatryoshkaLoss), 8835; the run's folder its own (issue 55: one run per
-# output_dir, a save that cannot be written said in one line), 9101.
-MAX_PACKAGE_LINES = 9101
+# output_dir, a save that cannot be written said in one line), 9101; every named source checked before the model
+# loads (folders and globs as corpora, a Hub dataset offline, `none` unsets a path) and a resume at other optimizer
+# settings refused, 9182.
+MAX_PACKAGE_LINES = 9182
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

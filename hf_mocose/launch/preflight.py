@@ -3,7 +3,8 @@
 `models.settings.validate_settings` refuses impossible values of the method settings alone. Here:
 
 * `check_run`: settings that cannot work with this launch's batch (all processes) or this many training rows;
-* `preflight`: the run's folder and data. A training file must be UTF-8, a checkpoint named to resume whole.
+* `preflight`: the run's folder and data. A training file must exist (a file, folder or glob), hold
+  UTF-8 text, a checkpoint named to resume be whole.
   `output_dir` must be writable (else the training is lost at its first save), held by no other live run (the lock
   of `launch.run_folder`, taken here before anything is written there) and hold no other run's `checkpoint-N` (`last`
   would resume the newest, `save_total_limit` delete the others) unless this run continues them or
@@ -23,7 +24,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..data.corpus import check_utf8
+from ..data.corpus import check_corpus
 from ..models.ema import ema_decay_range
 from ..models.mtd import check_target_reachable
 from .checkpoints import LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, list_checkpoints, resolve_resume_checkpoint
@@ -43,9 +44,9 @@ def check_fills_a_batch(rows: int | None, batch_size: int, processes: int, what:
 
 def preflight(args, resume_from_checkpoint, rows: int | None = None, text_file: str | None = None) -> None:
     """The module's checks for `args` (`TrainingArguments`), the resume asked for, `rows` sentences (None: not
-    counted) and a `text_file` of them (UTF-8: `check_utf8`). A front end without `overwrite_output_dir`
-    (`MoCoSELoss`) is pointed to a fresh folder only. Returns holding `output_dir`'s lock (not when it raises)."""
-    check_utf8(text_file)
+    counted) and a `text_file` of them (found, not empty, UTF-8: `check_corpus`). A front end without
+    `overwrite_output_dir` (`MoCoSELoss`) is pointed to a fresh folder only. Returns holding `output_dir`'s lock (not when it raises)."""
+    check_corpus(text_file)
     output_dir, value, overwrite = args.output_dir, resume_from_checkpoint, getattr(args, "overwrite_output_dir", None)
     named = isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES)
     if named:

@@ -88,8 +88,9 @@ def _rank_zero_answer(take) -> None:
     import torch.distributed as dist
 
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    rank = dist.get_rank() if several else int(os.environ.get("RANK", "0"))  # no process group: the launcher's rank
     answer = [None]
-    if not several or dist.get_rank() == 0:
+    if rank == 0:
         try:
             take()
         except ValueError as err:
