@@ -23,7 +23,8 @@ from test_preflight_refusals import no_model_load, refusal, train_argv, write_co
 from hf_mocose.commands.train import cli_main, main, parse_args
 from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
 from hf_mocose.launch.checkpoints import checkpoint_problems
-from hf_mocose.launch.run_folder import LOCK_FILE, OWNER_FILE, folder_bytes, holds_run_folder, lock_run_folder, release_run_folder
+from hf_mocose.launch.run_folder import (LOCK_FILE, OWNER_FILE, SaveFailedError, folder_bytes, holds_run_folder,
+                                         lock_run_folder, release_run_folder)
 
 SCRIPT = str(REPO_ROOT / "scripts" / "train.py")
 HOLD_THE_LOCK = """
@@ -173,6 +174,42 @@ def test_a_full_disk_at_a_save_is_one_line_and_the_last_complete_checkpoint_resu
     assert cli_main([*argv, "--resume_from_checkpoint", "last"]) == 0
     assert not checkpoint_problems(out / "checkpoint-4")
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_a_full_disk_at_the_export_or_the_loss_state_is_one_line(tiny_encoder, tmp_path, monkeypatch, capsys):
+    from hf_mocose.commands import train
+
+    corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
+    export = out / "sentence-transformers"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(export / "model.safetensors"))
+
+    monkeypatch.setattr(train, "publish_final_model", full_disk)
+    assert cli_main(train_argv(tiny_encoder, corpus, out, "--export_sentence_transformers", "true")) == 2
+    line = refusal(capsys)
+    assert line.startswith(f"Saving {export} failed writing {export / 'model.safetensors'} (No space left on device)")
+    assert line.endswith(f"the newest complete checkpoint is {out / 'checkpoint-2'}: free space, then export it with "
+                         f"hf-mocose export {out / 'checkpoint-2'} FOLDER, or train again.")
+
+    st_out = tmp_path / "st-run"
+    real = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if Path(path).name == "state.pt" and Path(path).parent.parent.name == "checkpoint-4":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    trainer = make_st_trainer(tiny_encoder, st_out, save_strategy="steps", save_steps=2, max_steps=4)
+    with pytest.raises(SaveFailedError) as info:
+        trainer.train()
+    state = st_out / "checkpoint-4" / "mocose_loss" / "state.pt"
+    assert str(info.value).startswith(f"Saving {st_out / 'checkpoint-4'} failed writing {state} (No space left on "
+                                      "device): the save needs about ")
+    assert str(info.value).endswith(f"the last complete checkpoint is {st_out / 'checkpoint-2'}: free space, then "
+                                    "resume with --resume_from_checkpoint last (it skips the incomplete checkpoint-4).")
+    assert holds_run_folder(str(st_out))  # a callback sees no exception: held until the next train() or the exit
 
 
 def test_a_save_that_cannot_fit_is_refused_before_the_first_step(tiny_encoder, tmp_path, monkeypatch):

@@ -1,9 +1,7 @@
 """The run's folder is the run's own: one run per `output_dir`, and room for its saves.
 
-The lock a run holds on its folder from before its first write there to its end:
-
 Two runs writing one folder destroy each other: each deletes the other's `.tmp*` files as an interrupted save's,
-and `save_total_limit` the other's checkpoints. So a run takes `<output_dir>/.hf-mocose-run.lock` (`filelock`'s OS
+and `save_total_limit` the other's checkpoints. So from before its first write there to its end, a run takes `<output_dir>/.hf-mocose-run.lock` (`filelock`'s OS
 lock: the kernel releases it when its process dies, however it dies) and writes who it is beside it,
 `.hf-mocose-run.json` (pid, host, start), since the OS lock does not say who holds it. A second run is refused naming
 the first; a run that finds the record of one that died without releasing says in one line that it takes over.
@@ -84,7 +82,8 @@ def _take(output_dir: str) -> None:
 
 
 def _rank_zero_answer(take) -> None:
-    """Runs `take` on rank 0 (alone: here) and raises its refusal on every process."""
+    """Runs `take` on rank 0 (alone: here) and raises its refusal on every process (without a process group
+    yet, each rank other than 0 goes on: only rank 0 writes the folder)."""
     import torch.distributed as dist
 
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -124,6 +123,8 @@ def release_run_folder(output_dir: str) -> None:
 def holds_run_folder(output_dir: str) -> bool:
     """Whether this process holds the lock of `output_dir`."""
     return Path(output_dir).absolute() / LOCK_FILE in _held
+
+
 class SaveFailedError(OSError):
     """A save that could not be written (full disk, quota, I/O error), said in one line (`failed_save_sentence`)."""
 
