@@ -289,7 +289,7 @@ def test_none_unsets_an_optional_path_of_a_recipe():
 
 # ----------------------------------------------------------------------------- a resume that changes a setting
 def test_a_resume_at_another_learning_rate_or_weight_decay_is_refused_naming_both_values(tiny_encoder, tmp_path,
-                                                                                        capsys):
+                                                                                        capsys, caplog):
     corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
     assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5")) == 0
     capsys.readouterr()
@@ -303,6 +303,9 @@ def test_a_resume_at_another_learning_rate_or_weight_decay_is_refused_naming_bot
         "the new ones from the start in a fresh --output_dir.")
     assert not (out / "checkpoint-4").exists()
     # the same settings resume; a schedule of another shape is this run's (the Trainer builds it from the arguments)
+    caplog.set_level(logging.WARNING, logger="hf_mocose")
     assert cli_main(train_argv(tiny_encoder, corpus, out, *resume, "--learning_rate", "3e-5", "--lr_scheduler_type",
-                               "constant")) == 0
+                               "constant", "--warmup_steps", "1")) == 0
+    assert (f"Resuming {out / 'checkpoint-2'} with another learning-rate schedule, applied from here on (checkpoint "
+            "-> this run): lr_scheduler_type linear -> constant; warmup_steps 0 -> 1.") in caplog.text
     assert (out / "checkpoint-4" / "trainer_state.json").is_file()

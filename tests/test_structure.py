@@ -59,8 +59,8 @@ MAX_MODULE_LINES = 400
 # sum over widths, MoCoSELoss under sentence-transformers' MatryoshkaLoss), 8835; the run's folder its own (issue 55: one run per
 # output_dir, a save that cannot be written said in one line), 9101; every named source checked before the model
 # loads (folders and globs as corpora, a Hub dataset offline, `none` unsets a path) and a resume at other optimizer
-# settings refused, 9182.
-MAX_PACKAGE_LINES = 9182
+# settings refused, 9182; the schedule settings a resume applies listed, 9194.
+MAX_PACKAGE_LINES = 9194
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

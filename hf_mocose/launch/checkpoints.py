@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
 LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
 NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
+# What the Trainer rebuilds the scheduler from on a resume: this run's values apply.
+SCHEDULE_SETTINGS = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio")
 # Config entries that say nothing about the model itself.
 _CONFIG_NOISE = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "auto_map"}
 
@@ -262,7 +264,8 @@ def prepare_resume(value, args, model) -> str | None:
 def check_restored_settings(checkpoint: str | os.PathLike, args) -> None:
     """Refuses a resume whose `args` ask for another learning rate, weight decay or Adam setting than the checkpoint's
     optimizer and scheduler restore (`Trainer` loads their state over this run's: the new value would be silently
-    ignored), naming each with both values. The schedule's shape (`lr_scheduler_type`, `warmup_*`) is this run's."""
+    ignored), naming each with both values. The schedule's shape (`lr_scheduler_type`, `warmup_*`) is rebuilt from
+    this run's arguments: changed ones are listed in one line, from the checkpoint's `card_facts.json`."""
     import torch
 
     checkpoint = Path(checkpoint)
@@ -283,6 +286,14 @@ def check_restored_settings(checkpoint: str | os.PathLike, args) -> None:
                          "optimizer and scheduler state restore the checkpoint's, so this run's would be silently "
                          "ignored. Resume with the checkpoint's values, or train with the new ones from the start in "
                          "a fresh --output_dir.")
+    facts = checkpoint / "card_facts.json"  # publishing.card_facts.CARD_FACTS_JSON (launch may not import it)
+    saved = json.loads(facts.read_text(encoding="utf-8")) if facts.is_file() else {}
+    saved = saved.get("training_args", {}).get("arguments", {})
+    applied = [f"{name} {saved[name]} -> {value}" for name in SCHEDULE_SETTINGS if name in saved
+               and saved[name] != (value := getattr(getattr(args, name, None), "value", getattr(args, name, None)))]
+    if applied and args.should_log:
+        logger.warning("Resuming %s with another learning-rate schedule, applied from here on (checkpoint -> this "
+                       "run): %s.", checkpoint, "; ".join(applied))
 
 
 class RecordTrainBatchSize(TrainerCallback):
