@@ -34,6 +34,7 @@ from hf_mocose.launch.checkpoints import (
     resolve_resume_checkpoint,
     safetensors_problem,
 )
+from hf_mocose.launch.run_folder import LOCK_FILE
 
 UNREACHABLE_MODEL = "no such folder, and not a Hub id that can be reached offline"
 
@@ -259,7 +260,8 @@ def test_resume_with_another_queue_size_names_the_field_before_training(tiny_enc
     message = str(info.value)
     assert "(queue_size=16 in the checkpoint, queue_size=32 in this run; tensor shapes" in message
     assert "queue.keys (16, 32) vs (32, 32)" in message
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2"]  # no step was taken, nothing was saved
+    # no step was taken, nothing was saved (the run lock's empty file stays, launch.run_folder)
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, "checkpoint-2"]
 
 
 def test_changed_field_without_a_shape_change_only_warns(tiny_encoder, reference_run):

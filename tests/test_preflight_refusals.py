@@ -16,6 +16,7 @@ from conftest import REPO_ROOT, build_tiny_encoder, make_st_trainer, make_traine
 
 from hf_mocose.commands import train
 from hf_mocose.commands.train import cli_main, parse_args
+from hf_mocose.launch.run_folder import LOCK_FILE, OWNER_FILE
 
 DEBUG_HINT = " (HF_MOCOSE_DEBUG=1 shows the traceback)"
 QUICKSTART = str(REPO_ROOT / "training_args" / "quickstart.yaml")
@@ -42,7 +43,9 @@ def refusal(capsys) -> str:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+    """Size and time of each file of `folder`, but the run lock's (each run takes it, launch.run_folder)."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if not p.name.startswith((LOCK_FILE, OWNER_FILE))}
 
 
 @pytest.fixture

@@ -58,8 +58,10 @@ MAX_MODULE_LINES = 400
 # optimize=True, optimum's axis names), 8742; Matryoshka MoCoSE (the setting and its checks, the objective's
 # sum over widths, MoCoSELoss under sentence-transformers' MatryoshkaLoss), 8835; the auto registration waiting for imports under way to
 # settle (with peft installed, the auto classes load mid-import), 8861; `hf-mocose recipes --slurm` (the SLURM job
-# script, launch/mocose.sbatch, is shell and not counted), 8865.
-MAX_PACKAGE_LINES = 8865
+# script, launch/mocose.sbatch, is shell and not counted), 8865; the run's folder its own (issue 55: one run per
+# output_dir, a save that cannot be written said in one line, every named source checked before the model loads,
+# `none` unsets a path, a resume at other optimizer settings refused, the schedule settings a resume applies), 9224.
+MAX_PACKAGE_LINES = 9224
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

@@ -1,9 +1,9 @@
 """The `hf-mocose` command line, and how every entry point reports a failure.
 
 Each feature module owns its sub-commands through a `register(subparsers)` function; this file only names them.
-A settings mistake (a `ValueError`, `FileNotFoundError`, `NotADirectoryError` or `HubPushError` raised by a `raise`
-statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`) prints one line and exits
-with status 2; anything else keeps Python's traceback, and `HF_MOCOSE_DEBUG=1` shows every one:
+A settings mistake (a `ValueError`, `FileNotFoundError`, `NotADirectoryError`, `HubPushError` or `SaveFailedError`
+raised by a `raise` statement in `hf_mocose` or in transformers' `TrainingArguments` / `HfArgumentParser`) prints
+one line and exits with status 2; anything else keeps Python's traceback, and `HF_MOCOSE_DEBUG=1` shows every one:
 
     train.py: error: per_device_train_batch_size must be >= 1, got 0. (HF_MOCOSE_DEBUG=1 shows the traceback)
 """
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def is_user_error(err: BaseException) -> bool:
     """Whether `err` is a deliberate message about the user's settings or files (see the module docstring)."""
+    from ..launch.run_folder import SaveFailedError
     from ..publishing.hub import HubPushError
-    expected = (ValueError, FileNotFoundError, NotADirectoryError, HubPushError)
+    expected = (ValueError, FileNotFoundError, NotADirectoryError, HubPushError, SaveFailedError)
     if not isinstance(err, expected) or err.__traceback__ is None:
         return False
     last = traceback.extract_tb(err.__traceback__)[-1]  # the frame that raised, with its source line

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from transformers import AutoTokenizer, HfArgumentParser, TrainingArguments, set_seed
 
-from ..data.corpus import load_sentences, tokenize_fraternal, tokenize_sentences
+from ..data.corpus import check_dataset_source, load_sentences, tokenize_fraternal, tokenize_sentences
 from ..models.encoding import inference_max_seq_length
 from ..models.settings import ARGS_SETTINGS
 from ..publishing.export import is_mocose_checkpoint
@@ -32,6 +32,7 @@ from ..trainer.training_args import MoCoSETrainingArguments
 from ..launch.checkpoints import remove_temporary_files
 from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
+from ..launch.run_folder import failed_save_sentence, release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
@@ -90,9 +91,16 @@ class ScriptArguments:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}.")
 
 
-def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) -> None:
+# Optional paths and names that `none`/`null` unsets (a file called "none" is given as ./none).
+OPTIONAL_SOURCES = {"train_file", "dataset_name", "dataset_config", "stsb_dev_file", "final_model_dir", "base_model",
+                    "corpus_name", "positive_column", "fraternal_column", "fraternal_model_name_or_path"}
+
+
+def accept_null_for_optional_values(parser: HfArgumentParser, dataclass_types) -> None:
     """Lets `--field null` (or `none`, as in a YAML recipe) reset an optional number whose default is not None
-    (e.g. `--head_learning_rate null` = the encoder's learning rate); argparse would refuse anything but a number."""
+    (e.g. `--head_learning_rate null` = the encoder's learning rate; argparse would refuse anything but a number),
+    and unset an optional path or name of `OPTIONAL_SOURCES` (`--train_file none --dataset_name X` with a recipe
+    that sets train_file; `--stsb_dev_file none`: no evaluation)."""
     def null_or(convert):
         def parse(text: str):
             return None if text.strip().lower() in ("null", "none") else convert(text)
@@ -105,7 +113,7 @@ def accept_null_for_optional_numbers(parser: HfArgumentParser, dataclass_types) 
         hints = typing.get_type_hints(cls)
         optional |= {f.name for f in fields(cls) if type(None) in typing.get_args(hints[f.name])}
     for action in parser._actions:
-        if action.dest in optional and action.type in (int, float):
+        if action.dest in optional and (action.type in (int, float) or action.dest in OPTIONAL_SOURCES):
             action.type = null_or(action.type)
 
 
@@ -219,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MoCoSETr
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, MoCoSETrainingArguments),
                               usage="%(prog)s [RECIPE] [--field value ...] [--help | --help_all]")
-    accept_null_for_optional_numbers(parser, (ScriptArguments, MoCoSETrainingArguments))
+    accept_null_for_optional_values(parser, (ScriptArguments, MoCoSETrainingArguments))
     recipe: dict = {}
     if argv and not argv[0].startswith("-"):  # a recipe: its name (hf-mocose recipes) or a YAML path
         recipe_path = resolve_yaml(argv.pop(0))
@@ -298,8 +306,17 @@ def main(argv: list[str] | None = None) -> str:
                   f"{args.per_device_train_batch_size} x {args.world_size} processes")
     stsb_dev = _resolve_stsb_dev(args)
     set_seed(args.seed)
+    if script_args.train_file is None:  # train_file wins over dataset_name
+        check_dataset_source(script_args.dataset_name, script_args.dataset_config, script_args.dataset_split)
     preflight(args, args.resume_from_checkpoint, text_file=script_args.train_file)  # before the model loads
+    try:  # preflight took output_dir's lock: this run's until its export is written
+        return _train_and_save(script_args, args, stsb_dev)
+    finally:
+        release_run_folder(args.output_dir)
 
+
+def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments, stsb_dev: str | None) -> str:
+    """`main` once it holds output_dir: loads the model and the data, trains, saves and exports."""
     # The same doors as MoCoSETrainer(model="id or folder"): checks, builtin:, model_init_kwargs, tokenizer.
     fraternal = script_args.fraternal_model_name_or_path if script_args.fraternal_column else None
     if fraternal:
@@ -345,8 +362,11 @@ def main(argv: list[str] | None = None) -> str:
     else:
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
-        export_dir = (publish_final_model(trainer, final_dir, eval_results=metrics, **card)
-                      if script_args.export_sentence_transformers else None)
+        export_dir = None
+        if script_args.export_sentence_transformers:  # a write that fails is one line, as the saves' (no push here)
+            with failed_save_sentence(Path(args.output_dir) / "sentence-transformers", args.output_dir,
+                                      trainer.state_bytes):
+                export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:

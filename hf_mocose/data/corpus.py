@@ -3,6 +3,7 @@ tokenised once, then padded into batches with each anchor's UNA hard negative wh
 
 from __future__ import annotations
 
+import glob
 import re
 import zlib
 from pathlib import Path
@@ -35,7 +36,7 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     """Loads training sentences as a `Dataset` with a `text` column (`text_column` renamed); blank ones are dropped.
 
     `train_file`: one sentence per line (`.txt`), a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
-    `text_column` (UTF-8: `check_utf8`), or `builtin:python_docs` (the offline corpus); else the `datasets` dataset
+    `text_column` (UTF-8: `check_corpus`), a folder or a glob of such files (`corpus_files`), or `builtin:python_docs` (the offline corpus); else the `datasets` dataset
     `dataset_name` (Hub name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column`
     (IFCL's second text, e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as
     `fraternal_text` and `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do
@@ -45,18 +46,10 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
         dataset = dataset.to_iterable_dataset() if streaming else dataset
     elif train_file is not None:
-        path = Path(train_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"train_file {train_file!r} does not exist (or is not a file).")
-        if (builder := _EXTENSION_BUILDERS.get(path.suffix.lower())) is None:
-            raise ValueError(f"train_file {train_file!r} has an unsupported extension {path.suffix!r}; "
-                             f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}.")
-        if path.stat().st_size == 0:
-            raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
-                             "(or rows with a text column).")
-        check_utf8(train_file)  # before `datasets` reads it, which fails mid-read naming neither file nor line
-        extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
-        dataset = load_dataset(builder, data_files=str(path), split="train", streaming=streaming, **extra)
+        builder, files = check_corpus(train_file)
+        extra = {"delimiter": "\t"} if files[0].suffix.lower() == ".tsv" else {}
+        dataset = load_dataset(builder, data_files=[str(path) for path in files], split="train", streaming=streaming,
+                               **extra)
     elif dataset_name is not None:
         dataset = load_dataset(dataset_name, dataset_config, split=dataset_split, streaming=streaming)
     else:
@@ -80,20 +73,69 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
     return dataset
 
 
-def check_utf8(train_file: str | None) -> None:
-    """Refuses a text `train_file` with bytes that are not UTF-8, naming the line (`datasets` fails on them mid-read,
-    streamed mid-training, naming neither). Reads it once, line by line; no other `train_file` is looked at."""
-    path = Path(train_file or "")
-    if not path.is_file() or _EXTENSION_BUILDERS.get(path.suffix.lower()) in (None, "parquet"):
+def corpus_files(train_file: str) -> tuple[str, list[Path]]:
+    """The `datasets` builder and the files of `train_file`: a file, a folder of files, or a glob of them (e.g.
+    `corpus/*.jsonl`), all of one format, as `load_dataset(builder, data_files=...)` reads them. Refuses in one line
+    a path that matches nothing, a file of an unknown format, or formats mixed."""
+    path = Path(train_file)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    else:
+        files = [path] if path.is_file() else sorted(p for p in map(Path, glob.glob(train_file)) if p.is_file())
+    if not files:
+        what = "an empty folder" if path.is_dir() else "matches no file" if set("*?[") & set(train_file) else "does not exist"
+        raise FileNotFoundError(f"train_file {train_file!r} {'is ' * path.is_dir()}{what}: give a file, a folder or a "
+                                f"glob (e.g. 'corpus/*.txt') of {'/'.join(sorted(_EXTENSION_BUILDERS))} files.")
+    if unknown := next((p for p in files if p.suffix.lower() not in _EXTENSION_BUILDERS), None):
+        raise ValueError(f"train_file {train_file!r}: {unknown.name} has an unsupported extension {unknown.suffix!r}; "
+                         f"use one of {', '.join(sorted(_EXTENSION_BUILDERS))}.")
+    if len(suffixes := sorted({p.suffix.lower() for p in files})) > 1:
+        raise ValueError(f"train_file {train_file!r} mixes formats ({', '.join(suffixes)}): datasets reads one at a "
+                         "time; give files of one format.")
+    return _EXTENSION_BUILDERS[suffixes[0]], files
+
+
+def check_dataset_source(dataset_name: str | None, dataset_config: str | None = None,
+                         dataset_split: str = "train") -> None:
+    """Refuses, before anything loads, a `dataset_name` that cannot be read: offline (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE), a Hub id `datasets` cannot build from its cache, and a split the dataset lacks. A local
+    folder, or a Hub id online, is left to `load_dataset`."""
+    from datasets import config, load_dataset_builder
+
+    if dataset_name is None or Path(dataset_name).exists() or not config.HF_HUB_OFFLINE:
         return
-    with path.open("rb") as handle:
-        for line, raw in enumerate(handle, 1):  # b"\n" never occurs inside a UTF-8 character
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"train_file {train_file!r} is not UTF-8 text: line {line} holds the byte(s) "
-                                 f"{raw[err.start:err.end].hex(' ')} ({err.reason}). Save the file as UTF-8 (e.g. "
-                                 "iconv -f latin1 -t utf-8), or fix or remove that line.") from None
+    try:
+        builder = load_dataset_builder(dataset_name, dataset_config)
+    except Exception as err:  # offline, every failure says the same: not in the cache
+        raise ValueError(f"dataset_name {dataset_name!r} cannot be read: offline mode is on (HF_HUB_OFFLINE / "
+                         f"HF_DATASETS_OFFLINE) and it is not in the local cache ({type(err).__name__}). Give the "
+                         "sentences as a local --train_file (a file, a folder or a glob of .txt/.jsonl/.csv/.parquet "
+                         "files), or load the dataset once while online.") from None
+    if (splits := builder.info.splits) and dataset_split not in splits:
+        raise ValueError(f"dataset_split {dataset_split!r} is not a split of {dataset_name} ({', '.join(splits)}).")
+
+
+def check_corpus(train_file: str | None) -> tuple[str | None, list[Path]]:
+    """Refuses a `train_file` that names no corpus (`corpus_files`), holds nothing, or holds bytes that are not UTF-8
+    (naming the file and line: `datasets` fails on them mid-read, streamed mid-training, naming neither); reads each
+    text file once, line by line. Returns `corpus_files`' answer; `(None, [])` for no file or `builtin:python_docs`."""
+    if not train_file or train_file == BUILTIN_PYTHON_DOCS:
+        return None, []
+    builder, files = corpus_files(train_file)
+    if sum(path.stat().st_size for path in files) == 0:
+        raise ValueError(f"train_file {train_file!r} is empty (0 bytes): give a file with one sentence per line "
+                         "(or rows with a text column).")
+    for path in files if builder != "parquet" else []:
+        with path.open("rb") as handle:
+            for line, raw in enumerate(handle, 1):  # b"\n" never occurs inside a UTF-8 character
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    named = train_file if path == Path(train_file) else str(path)
+                    raise ValueError(f"train_file {named!r} is not UTF-8 text: line {line} holds the byte(s) "
+                                     f"{raw[err.start:err.end].hex(' ')} ({err.reason}). Save the file as UTF-8 (e.g. "
+                                     "iconv -f latin1 -t utf-8), or fix or remove that line.") from None
+    return builder, files
 
 
 def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Dataset:

@@ -4,6 +4,8 @@
   and DeepSpeed with bf16/fp16 refused), FSDP2's set-up, and the notices hf-mocose's own settings set off.
 - `precision`: the target's forward under the online forward's autocast (`MoCoSELoss`), and `bf16: auto`.
 - `checkpoints`: which checkpoint a run resumes from, and whether a folder is whole and fits the model.
+- `run_folder`: one run per `output_dir` (its lock, taken by `preflight`), and a save that cannot be written (full
+  disk) said in one line, with room for a checkpoint checked before the first step.
 - `preflight`: what is refused before the first step by every front end: what the launch's batch or the data
   rules out, an unwritable or foreign `output_dir`, a training file that is not UTF-8.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
 LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
 NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
+# What the Trainer rebuilds the scheduler from on a resume: this run's values apply.
+SCHEDULE_SETTINGS = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio")
 # Config entries that say nothing about the model itself.
 _CONFIG_NOISE = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "auto_map"}
 
@@ -252,9 +255,45 @@ def prepare_resume(value, args, model) -> str | None:
                                "step and the schedules follow the new size); trainer_state.json and the model card "
                                "record %s from here on.", resume, kept, size, size)
         check_resume_compatible(resume, model)
+        check_restored_settings(resume, args)
     if args.should_save:
         remove_interrupted_checkpoints(args.output_dir, after_step=resumed_step(resume))
     return resume
+
+
+def check_restored_settings(checkpoint: str | os.PathLike, args) -> None:
+    """Refuses a resume whose `args` ask for another learning rate, weight decay or Adam setting than the checkpoint's
+    optimizer and scheduler restore (`Trainer` loads their state over this run's: the new value would be silently
+    ignored), naming each with both values. The schedule's shape (`lr_scheduler_type`, `warmup_*`) is rebuilt from
+    this run's arguments: changed ones are listed in one line, from the checkpoint's `card_facts.json`."""
+    import torch
+
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / OPTIMIZER_NAME).is_file() or not (checkpoint / SCHEDULER_NAME).is_file():
+        return  # save_only_model, or an engine's own state
+    base_lrs = torch.load(checkpoint / SCHEDULER_NAME, weights_only=True).get("base_lrs") or [None]
+    group = torch.load(checkpoint / OPTIMIZER_NAME, weights_only=True, mmap=True)["param_groups"][0]
+    restored = {"learning_rate": base_lrs[0], "weight_decay": group.get("weight_decay")}
+    if "betas" in group:
+        restored.update(adam_beta1=group["betas"][0], adam_beta2=group["betas"][1], adam_epsilon=group.get("eps"))
+    if args.head_learning_rate is not None and len(base_lrs) > 2:  # the heads' groups come last (create_optimizer)
+        restored["head_learning_rate"] = base_lrs[-1]
+    changed = [f"{name} {saved:g} in the checkpoint, {getattr(args, name):g} asked"
+               for name, saved in restored.items()
+               if saved is not None and not math.isclose(saved, getattr(args, name), rel_tol=1e-6, abs_tol=0.0)]
+    if changed:
+        raise ValueError(f"Cannot resume {checkpoint} with other optimizer settings ({'; '.join(changed)}): its "
+                         "optimizer and scheduler state restore the checkpoint's, so this run's would be silently "
+                         "ignored. Resume with the checkpoint's values, or train with the new ones from the start in "
+                         "a fresh --output_dir.")
+    facts = checkpoint / "card_facts.json"  # publishing.card_facts.CARD_FACTS_JSON (launch may not import it)
+    saved = json.loads(facts.read_text(encoding="utf-8")) if facts.is_file() else {}
+    saved = saved.get("training_args", {}).get("arguments", {})
+    applied = [f"{name} {saved[name]} -> {value}" for name in SCHEDULE_SETTINGS if name in saved
+               and saved[name] != (value := getattr(getattr(args, name, None), "value", getattr(args, name, None)))]
+    if applied and args.should_log:
+        logger.warning("Resuming %s with another learning-rate schedule, applied from here on (checkpoint -> this "
+                       "run): %s.", checkpoint, "; ".join(applied))
 
 
 class RecordTrainBatchSize(TrainerCallback):

@@ -3,13 +3,16 @@
 `models.settings.validate_settings` refuses impossible values of the method settings alone. Here:
 
 * `check_run`: settings that cannot work with this launch's batch (all processes) or this many training rows;
-* `preflight`: the run's folder and data. A training file must be UTF-8, a checkpoint named to resume whole.
-  `output_dir` must be writable (else the training is lost at its first save) and hold no other run's `checkpoint-N`
-  (`last` would resume the newest, `save_total_limit` delete the others) unless this run continues them or
+* `preflight`: the run's folder and data. A training file must exist (a file, folder or glob), hold
+  UTF-8 text, a checkpoint named to resume be whole.
+  `output_dir` must be writable (else the training is lost at its first save), held by no other live run (the lock
+  of `launch.run_folder`, taken here before anything is written there) and hold no other run's `checkpoint-N` (`last`
+  would resume the newest, `save_total_limit` delete the others) unless this run continues them or
   `overwrite_output_dir` deletes them first. Data short of one batch is named.
 
 `scripts/train.py` runs both before the model loads; `MoCoSETrainer` (`check_run` when built, `preflight` when `train`
-starts) and `MoCoSELoss`'s callback (when training begins) run them too, so all refuse in the same words.
+starts) and `MoCoSELoss`'s callback (when training begins) run them too, so all refuse in the same words. Once `preflight` returns, the caller holds `output_dir`'s lock: it gives it back with
+`run_folder.release_run_folder` when the run ends.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..data.corpus import check_utf8
+from ..data.corpus import check_corpus
 from ..models.ema import ema_decay_range
 from ..models.mtd import check_target_reachable
 from .checkpoints import LAST_CHECKPOINT_VALUES, NO_CHECKPOINT_VALUES, list_checkpoints, resolve_resume_checkpoint
+from .run_folder import lock_run_folder, release_run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +44,9 @@ def check_fills_a_batch(rows: int | None, batch_size: int, processes: int, what:
 
 def preflight(args, resume_from_checkpoint, rows: int | None = None, text_file: str | None = None) -> None:
     """The module's checks for `args` (`TrainingArguments`), the resume asked for, `rows` sentences (None: not
-    counted) and a `text_file` of them (UTF-8: `check_utf8`). A front end without `overwrite_output_dir`
-    (`MoCoSELoss`) is pointed to a fresh folder only."""
-    check_utf8(text_file)
+    counted) and a `text_file` of them (found, not empty, UTF-8: `check_corpus`). A front end without
+    `overwrite_output_dir` (`MoCoSELoss`) is pointed to a fresh folder only. Returns holding `output_dir`'s lock (not when it raises)."""
+    check_corpus(text_file)
     output_dir, value, overwrite = args.output_dir, resume_from_checkpoint, getattr(args, "overwrite_output_dir", None)
     named = isinstance(value, str) and value.strip().lower() not in (*NO_CHECKPOINT_VALUES, *LAST_CHECKPOINT_VALUES)
     if named:
@@ -54,6 +58,17 @@ def preflight(args, resume_from_checkpoint, rows: int | None = None, text_file: 
         raise ValueError(f"output_dir {output_dir!r} cannot be written ({err.strerror or type(err).__name__}: "
                          f"{folder}), so the training would be lost at its first save: give a writable "
                          "--output_dir.") from None
+    lock_run_folder(output_dir)  # before the first write there: deleting checkpoints, `.tmp*` files, saving
+    try:
+        _check_earlier_run(args, output_dir, value, named, overwrite)
+    except BaseException:
+        release_run_folder(output_dir)
+        raise
+    check_fills_a_batch(rows, args.per_device_train_batch_size, args.world_size)
+
+
+def _check_earlier_run(args, output_dir, value, named: bool, overwrite) -> None:
+    """Refuses, or with `overwrite` deletes, the `checkpoint-N` folders of another run in `output_dir`."""
     found = list_checkpoints(output_dir)
     continues = value is True or str(value).strip().lower() in LAST_CHECKPOINT_VALUES or (
         named and Path(value).resolve().parent == Path(output_dir).resolve())
@@ -66,7 +81,6 @@ def preflight(args, resume_from_checkpoint, rows: int | None = None, text_file: 
         logger.warning("overwrite_output_dir: deleting an earlier run's checkpoints in %s (%s).", output_dir, names)
         for checkpoint in found:
             shutil.rmtree(checkpoint)
-    check_fills_a_batch(rows, args.per_device_train_batch_size, args.world_size)
 
 
 def check_run(settings: Mapping, keys_per_batch: int | None = None, accumulation_steps: int = 1,

@@ -5,9 +5,9 @@ stops at its first step with an error naming this fix. Event by event:
 
 * `on_init_end` (the trainer is built, the optimiser is not): `head_learning_rate` joins
   `args.learning_rate_mapping` as `{"online_head\\.": rate}` unless a pattern of the user's covers the heads.
-* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip, `launch.preflight`'s), the data checks, a
-  resumed run's loss state (another model's refused, a finished run's stops here), rank 0's heads, target and queue
-  on every process.
+* `on_train_begin`: refusals (FSDP, DeepSpeed, fp16 under a clip, `launch.preflight`'s, which takes output_dir's
+  lock, given back at `on_train_end`), the data checks, a resumed run's loss state (another model's refused, a
+  finished run's stops here), rank 0's heads, target and queue on every process.
 * `on_pre_optimizer_step`: the heads' gradients clipped jointly with the model's (`st_loss.distributed`).
 * `on_optimizer_step`: the EMA update (`EMATargetCallback`).
 * `on_step_end` / `on_epoch_end`: the heads' gradients zeroed (the Trainer zeroes the model's). After
@@ -29,6 +29,7 @@ from transformers.trainer_utils import HubStrategy, SaveStrategy
 
 from ..compat import get_world_size
 from ..launch.preflight import preflight
+from ..launch.run_folder import failed_save_sentence, release_run_folder, tensor_bytes
 from ..models.ema import EMATargetCallback
 from .checkpoints import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state, load_loss_state,
                           locate_checkpoint, run_folder, save_loss_state)
@@ -69,6 +70,7 @@ class MoCoSELossCallback(EMATargetCallback):
         self.head_gradients = HeadGradients()
         self._training = False
         self._saved_step: int | None = None
+        self._folder: str | None = None  # the output_dir whose lock this run holds (`launch.run_folder`)
 
     # ----------------------------------------------------------------- before the first step
     def on_init_end(self, args, state, control, **kwargs):
@@ -82,7 +84,16 @@ class MoCoSELossCallback(EMATargetCallback):
             args.learning_rate_mapping = {**mapping, HEAD_PARAMETERS: rate}
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self.begin_training(args, state, getattr(train_dataloader, "dataset", None))
+        try:
+            self.begin_training(args, state, getattr(train_dataloader, "dataset", None))
+        except BaseException:
+            self._release_folder()
+            raise
+
+    def _release_folder(self) -> None:
+        if self._folder is not None:
+            release_run_folder(self._folder)
+            self._folder = None
 
     def begin_training(self, args, state, dataset=None) -> None:
         """Refusals, data checks, the resumed loss state, one start for every process; before any step."""
@@ -100,7 +111,9 @@ class MoCoSELossCallback(EMATargetCallback):
             raise ValueError("Under hyperparameter_search MoCoSELoss finds the trial's folder from its name before a "
                              f"checkpoint is pushed (hub_strategy={strategy!r}): pass hp_name, e.g. "
                              "trainer.hyperparameter_search(..., hp_name=lambda trial: f'run-{trial.number}').")
+        self._release_folder()  # held still if an earlier train() raised after its first step
         preflight(args, state.global_step > 0)  # output_dir writable, no other run's checkpoints (resumed: its own)
+        self._folder = args.output_dir  # preflight took its lock: given back at on_train_end
         loss.move_to_model_device()
         check_training_datasets(loss, dataset, args)
         if state.global_step > 0:
@@ -166,8 +179,14 @@ class MoCoSELossCallback(EMATargetCallback):
     def _save_if_due(self, args, state, should_save: bool) -> None:
         checkpoint = checkpoint_folder(args, state)
         if should_save and checkpoint is not None and self._saved_step != state.global_step:
-            save_loss_state(self.mocose_loss, checkpoint, args.process_index, args.should_save)
+            self._save(checkpoint, args)
             self._saved_step = state.global_step
+
+    def _save(self, checkpoint: Path, args) -> None:
+        """`save_loss_state`; a write that fails is one line (`failed_save_sentence`)."""
+        loss = self.mocose_loss
+        with failed_save_sentence(checkpoint, checkpoint.parent, tensor_bytes(*loss.state_modules().values())):
+            save_loss_state(loss, checkpoint, args.process_index, args.should_save)
 
     def on_push_begin(self, args, state, control, **kwargs):
         # sentence-transformers copies the checkpoint's folders into output_dir for the model's push to the repo
@@ -186,8 +205,9 @@ class MoCoSELossCallback(EMATargetCallback):
             if args.push_to_hub and args.hub_strategy in CHECKPOINT_PUSHES and run_folder(args, state) is not None:
                 logger.warning("MoCoSELoss wrote its state into %s after the Trainer started pushing it (a callback "
                                "after loss.callback asked for this save); the pushed copy lacks it.", checkpoint)
-            save_loss_state(self.mocose_loss, checkpoint, args.process_index, args.should_save)
+            self._save(checkpoint, args)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._training = False
+        self._release_folder()
         self.mocose_loss._ready = False  # a later train() call runs the checks (and any resume) again

@@ -34,6 +34,7 @@ from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
 from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume, resumed_step
 from ..launch.preflight import check_run, preflight
+from ..launch.run_folder import check_room_for_a_save, failed_save_sentence, release_run_folder, tensor_bytes
 from ..launch.sharding import configure_sharding
 from .inputs import prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
@@ -214,18 +215,38 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     # ----------------------------------------------------------------- checkpoints
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`)."""
-        super().save_model(output_dir, _internal_call)
-        complete_sharded_save(self, output_dir or self.args.output_dir)
+        """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`);
+        a write that fails is one line (`failed_save_sentence`)."""
+        with failed_save_sentence(output_dir or self.args.output_dir, self.args.output_dir, self.state_bytes):
+            super().save_model(output_dir, _internal_call)
+            complete_sharded_save(self, output_dir or self.args.output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        with failed_save_sentence(folder, folder.parent, self.state_bytes):
+            super()._save_checkpoint(model, trial)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of a checkpoint before one shows it: the model's tensors and AdamW's two moments."""
+        return tensor_bytes(self.accelerator.unwrap_model(self.model), optimizer_moments=2)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` after `launch.preflight` and `prepare_resume` ("last" = newest complete). A checkpoint
         at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`."""
         rows = len(self.train_dataset) if has_length(self.train_dataset) else None
-        preflight(self.args, resume_from_checkpoint, rows)
+        preflight(self.args, resume_from_checkpoint, rows)  # takes output_dir's lock, given back when train ends
+        try:
+            return self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            release_run_folder(self.args.output_dir)
+
+    def _train_holding_folder(self, resume_from_checkpoint, *args, **kwargs):
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         max_steps = self.args.max_steps if resume is None or self.args.max_steps > 0 else \
             planned_max_steps(self, self.get_train_dataloader())
+        if self.args.save_strategy != "no" and self.args.should_save:
+            check_room_for_a_save(self.args.output_dir, self.state_bytes)
         step = resumed_step(resume)
         self.finished_at_step = step if resume and 0 < max_steps <= step else None
         if self.finished_at_step is None:
