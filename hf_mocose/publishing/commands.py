@@ -36,12 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--license", default="apache-2.0", help="Card license (default: apache-2.0).")
     export.add_argument("--template", default=None, help="Custom Jinja card template (file, or a name in model_cards/).")
     export.add_argument("--no_card", action="store_true", help="Do not write README.md.")
-    export.add_argument("--onnx", action="store_true", help="Also write onnx/model.onnx (fp32) and its dynamic int8 "
-                        "quantization, each checked against PyTorch and measured in the card (the `onnx` extra).")
+    export.add_argument("--onnx", action="store_true", help="Also write onnx/model.onnx (fp32), model_O2.onnx (fused for "
+                        "ONNX Runtime) and its int8 quantization, each checked and measured in the card (`onnx` extra).")
     export.add_argument("--onnx_arch", choices=sorted(QUANTIZED_WEIGHTS), default=None,
                         help="CPU the int8 file is quantized for, as sentence-transformers names them (default: this one).")
-    export.add_argument("--openvino", action="store_true", help="Also write openvino/openvino_model.xml/.bin (fp32), "
-                        "checked and measured (the `openvino` extra).")
+    export.add_argument("--openvino", action="store_true", help="Also write openvino/openvino_model.xml/.bin (fp32 "
+                        "weights, run at OpenVINO's default precision), checked and measured (the `openvino` extra).")
     export.add_argument("--stsb_dev_file", default=None, help="SentEval's sts-dev.csv: the card's runtime table shows "
                         "each file's STS-B dev Spearman, and an int8 file losing more than 1 point is not written.")
     export.set_defaults(func=run_export)
