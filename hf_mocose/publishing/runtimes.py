@@ -6,13 +6,14 @@ The files hold the Transformer module only (inputs `input_ids`, `attention_mask`
 tokenizer gives it and the model takes it; output `last_hidden_state`; batch and sequence dynamic), named as
 sentence-transformers' ONNX/OpenVINO backends and optimum load them; Pooling and Dense stay the export's modules:
 - `onnx/model.onnx`: fp32, `torch.onnx.export(dynamo=True)`, opset 18 (the TorchScript exporter freezes
-  transformers 5's attention-mask branches at the example batch and computes others wrong): the portable graph;
-- `onnx/model_O2.onnx`: that graph fused for ONNX Runtime by its transformer optimizer (SkipLayerNorm, BiasGelu;
-  optimum's O2, no GELU approximation), fp32;
-- `onnx/model_<qint8|quint8>_<arch>.onnx`: the fused graph's dynamic int8 quantization (`quantize_onnx`), named as
+  transformers 5's attention-mask branches at the example batch and computes others wrong), standard operators
+  only (ONNX Runtime fuses SkipLayerNormalization and BiasGelu itself when it loads it; see `quantize_onnx`);
+- `onnx/model_<qint8|quint8>_<arch>.onnx`: its dynamic int8 quantization (`quantize_onnx`), named as
   sentence-transformers' `export_dynamic_quantized_onnx_model` names it;
 - `openvino/openvino_model.xml` + `.bin`: the `openvino` package's conversion of the portable graph, fp32 weights,
-  run at OpenVINO's default precision (bf16 on CPUs that compute it, `runner`).
+  run at OpenVINO's default precision (bf16 on CPUs that compute it, `runner`);
+- `openvino/openvino_model_qint8_quantized.xml` + `.bin`: NNCF's static int8 quantization of the portable graph,
+  calibrated on `CALIBRATION_SENTENCES` of the run's training sentences (`quantize_openvino`), run with the f32 hint.
 
 Each file, run as its card snippet runs it, must reach `MIN_COSINE[precision]` to the PyTorch embedding of every
 check sentence (and, but for fp32, lose at most `MAX_STSB_DROP` Spearman points on STS-B dev when given), else it
@@ -37,16 +38,19 @@ from .runtime_speed import BENCHMARK_BATCH, advised_row, encode, speedups, stsb_
 
 logger = logging.getLogger(__name__)
 
-ONNX_FILE, OPTIMIZED_ONNX_FILE = "onnx/model.onnx", "onnx/model_O2.onnx"
-OPENVINO_FILE = "openvino/openvino_model.xml"
+ONNX_FILE = "onnx/model.onnx"
+OPENVINO_FILE, OPENVINO_INT8_FILE = "openvino/openvino_model.xml", "openvino/openvino_model_qint8_quantized.xml"
 # optimum's AutoQuantizationConfig.<arch>(is_static=False): u8 activations, per-channel symmetric weights, full
 # range; the weight type names the file. Where this CPU's arch is not given, `cpu_arch` picks it.
 QUANTIZED_WEIGHTS = {"arm64": "qint8", "avx2": "quint8", "avx512": "qint8", "avx512_vnni": "qint8"}
 # What an export may write in each runtime folder (a push owns these names there, and nothing else).
-RUNTIME_FILES = {"onnx": [ONNX_FILE, OPTIMIZED_ONNX_FILE,
-                          *(f"onnx/model_{w}_{a}.onnx" for a, w in QUANTIZED_WEIGHTS.items())],
-                 "openvino": [OPENVINO_FILE, OPENVINO_FILE.replace(".xml", ".bin")]}
-EXTRAS = {"onnx": ("onnxruntime", "onnxscript", "onnx"), "openvino": ("openvino", "onnxscript", "onnx")}
+RUNTIME_FILES = {"onnx": [ONNX_FILE, *(f"onnx/model_{w}_{a}.onnx" for a, w in QUANTIZED_WEIGHTS.items())],
+                 "openvino": [name for xml in (OPENVINO_FILE, OPENVINO_INT8_FILE) for name in (xml, xml[:-4] + ".bin")]}
+EXTRAS = {"onnx": ("onnxruntime", "onnxscript", "onnx"), "openvino": ("openvino", "nncf", "onnxscript", "onnx")}
+# The precision hint each OpenVINO file runs with, at export and in its card snippets (None: OpenVINO's default). The
+# NNCF file at the default bf16 gave wrong embeddings on an AMX CPU (66 of 3,000 STS-B dev sentences, min cosine 0.535).
+OPENVINO_HINTS = {OPENVINO_FILE: None, OPENVINO_INT8_FILE: "f32"}
+CALIBRATION_SENTENCES = 300
 ONNX_OPSET = 18
 # The check's bounds by precision; the int8 one is the issue's goal over 3,000 STS-B dev sentences (all-MiniLM-L6-v2
 # with every MatMul quantized: "hi" 0.976, docs/publishing.md).
@@ -82,12 +86,18 @@ def cpu_name() -> str:
 
 
 def check_runtime_request(onnx: bool, openvino: bool, onnx_arch: str | None = None,
-                          stsb_dev_file: str | os.PathLike | None = None) -> None:
+                          stsb_dev_file: str | os.PathLike | None = None, calibration_file: str | None = None) -> None:
     """A one-line error, before anything is exported: a runtime's packages missing (naming the install), an unknown
-    `onnx_arch`, a missing `stsb_dev_file`, or either of them given without a runtime."""
+    `onnx_arch`, a missing `stsb_dev_file` or `calibration_file`, or any of them given without its runtime."""
     import importlib.util
+
+    from ..data.corpus import BUILTIN_PYTHON_DOCS
     if (onnx_arch is not None or stsb_dev_file is not None) and not (onnx or openvino):
         raise ValueError("--onnx_arch and --stsb_dev_file measure the runtime files: add --onnx and/or --openvino.")
+    if calibration_file is not None and not openvino:
+        raise ValueError("--calibration_file calibrates the int8 OpenVINO file: add --openvino.")
+    if calibration_file not in (None, BUILTIN_PYTHON_DOCS) and not Path(calibration_file).is_file():
+        raise FileNotFoundError(f"Calibration file {str(calibration_file)!r} does not exist.")
     if onnx_arch is not None:
         quantized_onnx_file(onnx_arch)
     if stsb_dev_file is not None and not Path(stsb_dev_file).is_file():
@@ -161,22 +171,11 @@ def _name_dynamic_axes(path: Path, axis_names: list[str]) -> None:
         onnx.save(model, str(path))
 
 
-def optimize_onnx(source: Path, target: Path, config) -> None:
-    """`source` fused for ONNX Runtime by its transformer optimizer (`model_type="bert"`, no GELU approximation: what
-    optimum calls O2). On the dynamo graph it fuses SkipLayerNormalization and BiasGelu, not Attention: the
-    decomposed attention keeps `IsNaN`/`Where` (eager attention fused no better, docs/publishing.md)."""
-    from onnxruntime.transformers.optimizer import optimize_model
-    with _quiet():
-        optimized = optimize_model(str(source), model_type="bert", opt_level=0, use_gpu=False,
-                                   num_heads=getattr(config, "num_attention_heads", 0) or 0,
-                                   hidden_size=getattr(config, "hidden_size", 0) or 0)
-        optimized.save_model_to_file(str(target))
-
-
 def quantize_onnx(source: Path, target: Path, arch: str) -> None:
     """Dynamic int8 of every MatMul (and embedding Gather) of `source` with optimum's `arch` settings (per-channel symmetric weights, u8
     activations). Keeping the feed-forward down-projections in fp32 cost all-MiniLM-L6-v2 a third of the int8
-    speed for 0.01 of min cosine (docs/publishing.md)."""
+    speed for 0.01 of min cosine; quantizing the graph ONNX Runtime's transformer optimizer fused (`optimum`'s O2)
+    measured slower than quantizing this one, which the runtime fuses at load (docs/publishing.md)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
     with _quiet():
         quantize_dynamic(source, target, per_channel=True, reduce_range=False,
@@ -190,10 +189,25 @@ def convert_to_openvino(source: Path, target: Path) -> None:
     ov.save_model(ov.convert_model(str(source)), str(target), compress_to_fp16=False)
 
 
+def quantize_openvino(source: Path, target: Path, tokenizer, sentences: list[str], max_length: int) -> None:
+    """Static int8 of the ONNX graph `source` as an OpenVINO model at `target`: NNCF's post-training quantization for
+    transformers (SmoothQuant, fast bias correction), calibrated on `sentences` one at a time (their own lengths)."""
+    import nncf
+    import openvino as ov
+    model = ov.Core().read_model(str(source))
+    names = [port.get_any_name() for port in model.inputs]
+    batches = [tokenizer([s], truncation=True, max_length=max_length, return_tensors="np") for s in sentences]
+    with _quiet():
+        quantized = nncf.quantize(model, nncf.Dataset(batches, lambda batch: {n: batch[n] for n in names}),
+                                  model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches))
+    ov.save_model(quantized, str(target), compress_to_fp16=False)
+
+
 def runner(path: Path, threads: int, openvino_hint: str | None = None):
     """`(run, precision)`: `run(batch of int64 arrays) -> last_hidden_state (B, T, H)` of an ONNX or OpenVINO file on
     the CPU, as the card's snippets run it (OpenVINO at its default precision, bf16 where the CPU computes it, unless
     `openvino_hint` names another), and the precision it computes in ("fp32", "bf16"; int8 files by their name)."""
+    int8 = "_qint8_" in path.name or "_quint8_" in path.name
     if path.suffix == ".xml":
         import openvino as ov
         hint = {} if openvino_hint is None else {"INFERENCE_PRECISION_HINT": openvino_hint}
@@ -201,14 +215,14 @@ def runner(path: Path, threads: int, openvino_hint: str | None = None):
         names = [port.get_any_name() for port in model.inputs]
         hint = model.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32", "bf16" or "f16"
         return (lambda batch: model({n: batch[n] for n in names})["last_hidden_state"]), \
-            {"f32": "fp32"}.get(hint, hint)
+            "int8" if int8 else {"f32": "fp32"}.get(hint, hint)
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [node.name for node in session.get_inputs()]
     return (lambda batch: session.run(["last_hidden_state"], {n: batch[n] for n in names})[0]), \
-        "int8" if "_qint8_" in path.name or "_quint8_" in path.name else "fp32"
+        "int8" if int8 else "fp32"
 
 
 def computes_bf16() -> bool:
@@ -247,19 +261,22 @@ def _checked(st_model, run, row: dict, reference: np.ndarray, check_sentences, d
 
 def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *, onnx: bool = False,
                     openvino: bool = False, onnx_arch: str | None = None,
-                    stsb_dev_file: str | os.PathLike | None = None) -> dict:
+                    stsb_dev_file: str | os.PathLike | None = None, calibration_file: str | None = None) -> dict:
     """Writes, checks and measures the runtime files of the sentence-transformers folder `export_dir` (see the
     module); returns the card's `runtimes`: `{"cpu", "threads", "batch_size", "sentences", "repeats", "rows":
-    [{"runtime", "file", "backend", "precision", "min_cosine", "stsb_spearman", "sentences_per_second", "speedup",
-    "slower_because"}, ...], "advised", "failures"}`: PyTorch's row first, then PyTorch in bf16 where the CPU computes
-    it (`computes_bf16`), then the files; `speedup` is the median over the repeats of the row's speed over PyTorch's
-    in the same repeat, `advised` the index of `advised_row`. Of the runtime files, only those of `rows` stay."""
+    [{"runtime", "file", "backend", "precision", "openvino_hint", "min_cosine", "stsb_spearman",
+    "sentences_per_second", "speedup", "slower_because"}, ...], "advised", "calibration", "failures"}`: PyTorch's row
+    first, then PyTorch in bf16 where the CPU computes it (`computes_bf16`), then the files; `speedup` is the median
+    over the repeats of the row's speed over PyTorch's in the same repeat, `advised` the index of `advised_row`. The
+    NNCF file calibrates on `calibration_file` (`load_sentences`' formats; default the Python-docs corpus). Of the
+    runtime files, only those of `rows` stay."""
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from ..data.corpus import python_docs_sentences
+    from ..data.corpus import BUILTIN_PYTHON_DOCS, load_sentences, python_docs_sentences
     from ..data.sts_files import read_sts_benchmark
-    export_dir, arch = Path(export_dir), onnx_arch or cpu_arch()
+    from .card_facts import public_name
+    export_dir, arch, calibration_file = Path(export_dir), onnx_arch or cpu_arch(), calibration_file or BUILTIN_PYTHON_DOCS
     quantized = quantized_onnx_file(arch)
     dev_pairs = None if stsb_dev_file is None else read_sts_benchmark(stsb_dev_file)
     st_model, threads = SentenceTransformer(str(export_dir), device="cpu").eval(), torch.get_num_threads()
@@ -272,12 +289,14 @@ def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *
     rows, runs, failures = [torch_row], [torch_runner(model)], []
     torch_row["stsb_spearman"] = None if dev_pairs is None else stsb_spearman(
         lambda s: encode(st_model, runs[0], s), dev_pairs)
-    graph, optimized = export_dir / ONNX_FILE, export_dir / OPTIMIZED_ONNX_FILE
-    makers = {OPTIMIZED_ONNX_FILE: lambda: optimize_onnx(graph, optimized, model.config),
-              quantized: lambda: quantize_onnx(optimized, export_dir / quantized, arch),
-              OPENVINO_FILE: lambda: convert_to_openvino(graph, export_dir / OPENVINO_FILE)}
-    wanted = [("ONNX Runtime", ONNX_FILE), ("ONNX Runtime", OPTIMIZED_ONNX_FILE), ("ONNX Runtime", quantized)] * onnx \
-        + [("OpenVINO", OPENVINO_FILE)] * openvino
+    graph = export_dir / ONNX_FILE
+    makers = {quantized: lambda: quantize_onnx(graph, export_dir / quantized, arch),
+              OPENVINO_FILE: lambda: convert_to_openvino(graph, export_dir / OPENVINO_FILE),
+              OPENVINO_INT8_FILE: lambda: quantize_openvino(graph, export_dir / OPENVINO_INT8_FILE, st_model.tokenizer,
+                                                            load_sentences(calibration_file, max_train_samples=
+                                                                           CALIBRATION_SENTENCES)["text"],
+                                                            st_model.max_seq_length)}
+    wanted = [("ONNX Runtime", ONNX_FILE), ("ONNX Runtime", quantized)] * onnx + [("OpenVINO", OPENVINO_FILE), ("OpenVINO", OPENVINO_INT8_FILE)] * openvino
     if precision == "fp32" and computes_bf16():
         wanted.insert(0, ("PyTorch", "model.safetensors"))
         makers["model.safetensors"] = lambda: (torch_runner(copy.deepcopy(model).to(torch.bfloat16)), "bf16")
@@ -291,7 +310,9 @@ def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *
         row = {"runtime": runtime, "file": file, "backend": "torch" if runtime == "PyTorch" else file.split("/")[0]}
         try:
             made = makers.get(file, lambda: None)()
-            run, row["precision"] = made if runtime == "PyTorch" else runner(export_dir / file, threads)
+            run, row["precision"] = made if runtime == "PyTorch" else runner(export_dir / file, threads,
+                                                                              OPENVINO_HINTS.get(file))
+            row["openvino_hint"] = OPENVINO_HINTS.get(file)
             failure = _checked(st_model, run, row, reference, check_sentences, dev_pairs, torch_row)
         except Exception as err:  # a file a runtime cannot load or run
             failure = _one_line(err)
@@ -314,4 +335,5 @@ def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *
     for line in failures:
         logger.warning(line)
     return {"cpu": cpu_name(), "threads": threads, "batch_size": BENCHMARK_BATCH, "sentences": len(sentences),
-            "repeats": BENCHMARK_REPEATS, "rows": rows, "advised": advised_row(rows), "failures": failures}
+            "repeats": BENCHMARK_REPEATS, "rows": rows, "advised": advised_row(rows),
+            "calibration": public_name(calibration_file), "failures": failures}
