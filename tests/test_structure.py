@@ -58,8 +58,8 @@ MAX_MODULE_LINES = 400
 # optimize=True, optimum's axis names), 8742; Matryoshka MoCoSE (the setting and its checks, the objective's
 # sum over widths, MoCoSELoss under sentence-transformers' MatryoshkaLoss), 8835; fast runtime files (the fully int8
 # ONNX file, OpenVINO's default precision, PyTorch bf16, NNCF's static int8 OpenVINO file and --calibration_file,
-# interleaved timing and the card's advice, its measuring in a module of its own, runtime_speed), 8951.
-MAX_PACKAGE_LINES = 8951
+# interleaved timing and the card's advice, its measuring in a module of its own, runtime_speed), 8954.
+MAX_PACKAGE_LINES = 8954
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

@@ -1,6 +1,7 @@
 """ONNX, int8 ONNX and OpenVINO files beside an export, each checked against its PyTorch embeddings and measured.
 
-    hf-mocose export CHECKPOINT OUTPUT_DIR --onnx [--onnx_arch ARCH] --openvino [--stsb_dev_file sts-dev.csv]
+    hf-mocose export CHECKPOINT OUTPUT_DIR --onnx [--onnx_arch ARCH] --openvino [--calibration_file FILE]
+                     [--stsb_dev_file sts-dev.csv]
 
 The files hold the Transformer module only (inputs `input_ids`, `attention_mask` and `token_type_ids` where the
 tokenizer gives it and the model takes it; output `last_hidden_state`; batch and sequence dynamic), named as
@@ -17,8 +18,8 @@ sentence-transformers' ONNX/OpenVINO backends and optimum load them; Pooling and
 
 Each file, run as its card snippet runs it, must reach `MIN_COSINE[precision]` to the PyTorch embedding of every
 check sentence (and, but for fp32, lose at most `MAX_STSB_DROP` Spearman points on STS-B dev when given), else it
-is not written and the failure is one logged line. What passed is timed with PyTorch, interleaved (`_time_rows`),
-for the card's "Runtimes" table.
+is not written and the failure is one logged line. What passed is timed with PyTorch, interleaved
+(`runtime_speed.time_runs`), for the card's "Runtimes" table.
 """
 
 from __future__ import annotations
@@ -172,10 +173,11 @@ def _name_dynamic_axes(path: Path, axis_names: list[str]) -> None:
 
 
 def quantize_onnx(source: Path, target: Path, arch: str) -> None:
-    """Dynamic int8 of every MatMul (and embedding Gather) of `source` with optimum's `arch` settings (per-channel symmetric weights, u8
-    activations). Keeping the feed-forward down-projections in fp32 cost all-MiniLM-L6-v2 a third of the int8
-    speed for 0.01 of min cosine; quantizing the graph ONNX Runtime's transformer optimizer fused (`optimum`'s O2)
-    measured slower than quantizing this one, which the runtime fuses at load (docs/publishing.md)."""
+    """Dynamic int8 of `source` with optimum's `arch` settings (per-channel symmetric weights, u8 activations):
+    every MatMul and the embeddings' Gather. Keeping the feed-forward down-projections in fp32 cost all-MiniLM-L6-v2
+    a third of the int8 speed for 0.01 of min cosine; quantizing the graph ONNX Runtime's transformer optimizer
+    fused (optimum's O2) measured slower than quantizing this one, which the runtime fuses at load
+    (docs/publishing.md)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
     with _quiet():
         quantize_dynamic(source, target, per_channel=True, reduce_range=False,
@@ -292,11 +294,12 @@ def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *
     graph = export_dir / ONNX_FILE
     makers = {quantized: lambda: quantize_onnx(graph, export_dir / quantized, arch),
               OPENVINO_FILE: lambda: convert_to_openvino(graph, export_dir / OPENVINO_FILE),
-              OPENVINO_INT8_FILE: lambda: quantize_openvino(graph, export_dir / OPENVINO_INT8_FILE, st_model.tokenizer,
-                                                            load_sentences(calibration_file, max_train_samples=
-                                                                           CALIBRATION_SENTENCES)["text"],
-                                                            st_model.max_seq_length)}
-    wanted = [("ONNX Runtime", ONNX_FILE), ("ONNX Runtime", quantized)] * onnx + [("OpenVINO", OPENVINO_FILE), ("OpenVINO", OPENVINO_INT8_FILE)] * openvino
+              OPENVINO_INT8_FILE: lambda: quantize_openvino(
+                  graph, export_dir / OPENVINO_INT8_FILE, st_model.tokenizer,
+                  load_sentences(calibration_file, max_train_samples=CALIBRATION_SENTENCES)["text"],
+                  st_model.max_seq_length)}
+    wanted = [("ONNX Runtime", ONNX_FILE), ("ONNX Runtime", quantized)] * onnx + [
+        ("OpenVINO", OPENVINO_FILE), ("OpenVINO", OPENVINO_INT8_FILE)] * openvino
     if precision == "fp32" and computes_bf16():
         wanted.insert(0, ("PyTorch", "model.safetensors"))
         makers["model.safetensors"] = lambda: (torch_runner(copy.deepcopy(model).to(torch.bfloat16)), "bf16")
