@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--calibration_file", default=None, help="The run's training sentences (a train_file), whose "
                         f"first {CALIBRATION_SENTENCES} calibrate the int8 OpenVINO file (default: builtin:python_docs).")
     export.add_argument("--stsb_dev_file", default=None, help="SentEval's sts-dev.csv: the card's runtime table shows "
-                        "each file's STS-B dev Spearman, and an int8 file losing more than 1 point is not written.")
+                        "each file's STS-B dev Spearman, a bf16 or int8 way losing over 1 point is not written.")
     export.set_defaults(func=run_export)
 
     push = subparsers.add_parser(
