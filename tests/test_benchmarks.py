@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/ is a pa
 
 from scripts.benchmarks import (  # noqa: E402
     benchmark_quality as quality,
+    benchmark_runtimes,
     benchmark_train as bench,
     quality_tables,
     train_variants,
@@ -337,3 +338,30 @@ def test_score_interpolations_runs_the_line_from_start_to_trained(tiny_encoder, 
     assert torch.equal(mixed["w"], torch.full((2,), 0.25)) and mixed["step"].item() == 3
     with pytest.raises(SystemExit, match=r"--alphas \[1.5\]"):
         score_interpolations.main([str(tmp_path / "st"), "--alphas", "1.5", "--start", tiny_encoder])
+
+
+def test_benchmark_runtimes_smoke(tiny_encoder, sts_dev, tmp_path):
+    """Every path in one run on a tiny sentence-transformers folder: the files written, each row's keys, the goals."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    transformer = Transformer(tiny_encoder, max_seq_length=32)
+    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")],
+                        device="cpu").save(str(tmp_path / "st"))
+    out, work = tmp_path / "runtimes.json", tmp_path / "files"
+    assert benchmark_runtimes.main(["--model", str(tmp_path / "st"), "--stsb_dev_file", sts_dev, "--repeats", "2",
+                                    "--work_dir", str(work), "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert [row["path"].split(" `")[0] for row in written["rows"]] == [
+        "PyTorch", "PyTorch bf16", "ONNX Runtime", "ONNX Runtime", *["OpenVINO"] * 4]
+    assert [row["precision"] for row in written["rows"]][2:4] == ["fp32", "int8"]
+    assert [row["precision"] for row in written["rows"]][5:] == ["fp32", "int8", "int8"]
+    assert written["rows"][0]["speedup"] == 1.0
+    for row in written["rows"]:
+        assert row["sentences_per_second"] > 0 and row["speedup_spread"][0] <= row["speedup"] <= row["speedup_spread"][1]
+        assert row["min_cosine"] >= (0.9999 if row["precision"] == "fp32" else 0) and -100 <= row["stsb_spearman"] <= 100
+    assert {p.relative_to(work).as_posix() for p in work.glob("*/*.*")} >= {"onnx/model.onnx",
+                                                                            "openvino/openvino_model.xml",
+                                                                            "openvino/openvino_model_qint8_quantized.xml"}
+    assert len(written["goals"]) == 3 and all(("met (" in g) != ("missed" in g) for g in written["goals"])

@@ -175,20 +175,20 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
                                     eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
                                     verify: bool = True, onnx: bool = False, openvino: bool = False,
                                     onnx_arch: str | None = None, stsb_dev_file: str | os.PathLike | None = None,
-                                    **card_kwargs) -> Path:
+                                    calibration_file: str | None = None, **card_kwargs) -> Path:
     """Writes the online branch of the MoCoSE checkpoint folder `checkpoint` as a sentence-transformers folder
     `output_dir` (absent or empty unless `overwrite`, which replaces it whole) and returns it. It truncates at
     `max_seq_length` tokens (default: the base model's sentence-transformers `max_seq_length`, else the encoder's
     position limit). `write_card`: README.md (`write_model_card` with `card_kwargs`) with the results of
     `eval_results` (JSON path or dict), which also writes `.eval_results/` (`write_eval_results`). `verify`:
-    `verify_export`. `onnx` / `openvino`: the runtime files, checked and measured on `stsb_dev_file`
-    (`runtimes.export_runtimes`)."""
+    `verify_export`. `onnx` / `openvino`: the runtime files, checked and measured on `stsb_dev_file`, the int8
+    OpenVINO one calibrated on `calibration_file` (`runtimes.export_runtimes`)."""
     from .eval_results import write_eval_results
     from .runtimes import check_runtime_request, export_runtimes
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     _check_output_dir(output_dir, checkpoint, overwrite)  # before the model is loaded
     results = read_eval_results(eval_results)  # as a bad runtime request, a bad file fails before the model loads
-    check_runtime_request(onnx, openvino, onnx_arch, stsb_dev_file)
+    check_runtime_request(onnx, openvino, onnx_arch, stsb_dev_file, calibration_file)
     model, tokenizer = load_mocose_checkpoint(checkpoint)
     max_seq_length, source = inference_max_seq_length(model.config, tokenizer, max_seq_length)
     logger.info("Export max_seq_length: %d tokens (%s; training used %d).", max_seq_length, source,
@@ -205,7 +205,8 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
         if onnx or openvino:
             card_kwargs["runtimes"] = export_runtimes(
                 staging, probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length), onnx=onnx,
-                openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file)
+                openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file,
+                calibration_file=calibration_file)
         write_eval_results(staging, results, card_kwargs.get("repo_id"))
         if write_card:
             card_kwargs.setdefault("export_name", output_dir.name)
