@@ -105,8 +105,9 @@ def test_the_wrapper_sampling_dimensions_is_refused_naming_the_keyword(tiny_enco
 
 def test_a_wrapper_that_cuts_the_model_output_is_refused_naming_the_keyword(tiny_encoder, tmp_path, monkeypatch):
     """sentence-transformers < 6 (setup.cfg's floor is 5.4): `MatryoshkaLoss` cuts `model.forward` for every inner
-    loss not of its own cached kind (the heads would then fail on a shape); simulated here by the same wrapper
-    not seeing MoCoSELoss's `uses_gradient_cache`. Refused in one line before any weight moves."""
+    loss not of its own cached kind (the heads would then fail on a shape); simulated on 6.x by the same wrapper
+    not seeing MoCoSELoss's `uses_gradient_cache`, and run on 5.4 by .ci/run's floors subset. Refused in one line
+    before any weight moves."""
     from sentence_transformers.sentence_transformer.losses import matryoshka
 
     monkeypatch.setattr(matryoshka, "uses_gradient_cache", lambda loss: False, raising=False)
