@@ -237,6 +237,35 @@ def test_benchmark_quality_runs_the_field_in_one_command(tiny_encoder, corpus, s
     assert all(f"| {name} |" in table for name in variants)
 
 
+def test_benchmark_quality_matryoshka_variants_scored_at_each_width(tiny_encoder, corpus, sts_dev, tmp_path):
+    """Issue 54: the Matryoshka variants train (at --matryoshka_dims) and --truncate_dims scores every variant and the
+    start at each width, the first d entries of the same embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_mocose.evaluation.sts import evaluate_sts_task, load_sts_task
+
+    senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
+    variants = ["mocose_matryoshka", "simcse_matryoshka", "st_matryoshka_mnrl", "mocose"]
+    summary = quality.main([
+        "--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
+        "--seeds", "0", "--batch_size", "4", "--max_seq_length", "16", "--max_train_samples", "64", "--clock", "cpu",
+        "--queue_size", "16", "--matryoshka_dims", "32", "16", "8", "--truncate_dims", "32", "8", "--save_models",
+        "--output_dir", str(tmp_path / "runs"), "--variants", *variants,
+    ])
+    assert summary["tasks"] == ["stsb_dev@32", "stsb_dev@8"] and set(summary["before"]) == set(summary["tasks"])
+    assert summary["variants"]["mocose_matryoshka"]["overrides"]["matryoshka_dims"] == "--matryoshka_dims"
+    run = summary["details"]["st_matryoshka_mnrl"][0]
+    assert run["steps"] >= 1 and set(run["scores"]) == {"stsb_dev@32", "stsb_dev@8"}
+    model = SentenceTransformer(run["checkpoint"], device="cpu")
+    encode = quality.encoder_of(model, model.tokenizer, 512)
+    dev = load_sts_task(senteval, "stsb_dev")
+    for dim in (32, 8):
+        expected = evaluate_sts_task(lambda sentences: encode(sentences)[:, :dim], dev)["spearman"]
+        assert run["scores"][f"stsb_dev@{dim}"] == pytest.approx(expected, abs=0.01)
+    with pytest.raises(SystemExit, match="--truncate_dims 64: the embeddings have 32 dimensions"):
+        quality.score_sts(encode, {"stsb_dev": dev}, [64])
+
+
 def test_tsdae_noise_needs_no_download_and_deletes_at_its_ratio():
     sentences = [" ".join(f"w{i}" for i in range(50))] * 40 + ["one", ""]
     noisy = train_variants.delete_words(sentences, 0.6, seed=0)

@@ -168,6 +168,26 @@ def test_sentence_transformers_folder(tiny_encoder, senteval_fixture, tmp_path):
     assert forced["meta"]["encoder"]["kind"] == "hf"
 
 
+def test_truncate_dim_scores_the_first_dimensions(tiny_encoder, senteval_fixture, tmp_path, capsys):
+    """`--truncate_dim N` scores the first N entries of the same embeddings; N outside 1..width is refused."""
+    from hf_mocose.evaluation.runner import load_encoder
+    from hf_mocose.evaluation.sts import evaluate_sts_task, load_sts_task
+
+    cut = run_evaluate(tiny_encoder, senteval_fixture, tmp_path / "cut.json", "--pooler", "mean", "--tasks", "stsb",
+                       "--truncate_dim", "8")
+    assert cut["meta"]["truncate_dim"] == 8 and "(dim 8)" in capsys.readouterr().out
+    full = load_encoder(tiny_encoder, "mean", "cpu", show_progress=False)
+    expected = evaluate_sts_task(lambda sentences: full.encode(sentences)[:, :8], load_sts_task(senteval_fixture, "stsb"))
+    assert cut["stsb"]["spearman"] == pytest.approx(expected["spearman"], abs=1e-4)
+    assert cut["stsb"]["spearman"] != pytest.approx(evaluate_sts_task(full.encode, load_sts_task(
+        senteval_fixture, "stsb"))["spearman"], abs=1e-3)  # the cut changes the score: it was applied
+    for bad in ("0", "33"):
+        assert main(["evaluate", tiny_encoder, "--senteval_dir", str(senteval_fixture), "--tasks", "stsb",
+                     "--truncate_dim", bad]) == 2
+        assert (f"error: --truncate_dim must be a whole number from 1 to the model's 32 dimensions, got {bad}. "
+                in capsys.readouterr().err)
+
+
 def test_cli_errors(tiny_encoder, senteval_fixture, tmp_path, capsys):
     assert main(["evaluate", str(tmp_path), "--senteval_dir", str(senteval_fixture), "--tasks", "stsb"]) == 2
     assert "not a model folder" in capsys.readouterr().err

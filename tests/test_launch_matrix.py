@@ -191,3 +191,20 @@ def test_what_the_refusals_point_to_trains(recipe, engine, accelerate_args, extr
         start = _target_layer(Path(tiny_encoder) / "model.safetensors", "")
         assert target.dtype == start.dtype == torch.float32
         assert not target.equal(start)  # the EMA moved it
+
+
+# DDP's cell runs with the full matrix: tests/test_distributed.py already trains Matryoshka under DDP by default.
+@pytest.mark.parametrize("engine", [pytest.param("ddp", marks=pytest.mark.launch_matrix_full), "fsdp2"])
+def test_matryoshka_trains_under_ddp_and_fsdp2(engine, tiny_encoder, sts_dev, tmp_path):
+    """The Matryoshka cell: `--matryoshka_dims 32 16 8` on the quickstart recipe trains on 2 processes under each
+    engine, logs STS-B dev at every width, and exports a model whose card has a row per width."""
+    extra = [*common_overrides(tiny_encoder, sts_dev), "--matryoshka_dims", "32", "16", "8"]
+    proc, logs, out = launch(tmp_path, "training_args/quickstart.yaml", {}, engine, extra)
+    assert_no_traceback(logs, proc)
+    assert proc.returncode == 0, f"rank 0:\n{logs[0][-6000:]}"
+    assert_trained(out, engine)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert any({"eval_stsb_spearman_dim16", "eval_stsb_spearman_dim8"} <= set(entry) for entry in history)
+    card = (out / "sentence-transformers" / "README.md").read_text()
+    assert "trained with Matryoshka dimensions 32, 16, 8" in card
+    assert all(re.search(rf"\n\| {dim} \| -?\d+\.\d\d \|\n", card) for dim in (32, 16, 8))

@@ -103,6 +103,21 @@ def test_the_wrapper_sampling_dimensions_is_refused_naming_the_keyword(tiny_enco
         trainer.train()
 
 
+def test_a_wrapper_that_cuts_the_model_output_is_refused_naming_the_keyword(tiny_encoder, tmp_path, monkeypatch):
+    """sentence-transformers < 6 (setup.cfg's floor is 5.4): `MatryoshkaLoss` cuts `model.forward` for every inner
+    loss not of its own cached kind (the heads would then fail on a shape); simulated on 6.x by the same wrapper
+    not seeing MoCoSELoss's `uses_gradient_cache`, and run on 5.4 by .ci/run's floors subset. Refused in one line
+    before any weight moves."""
+    from sentence_transformers.sentence_transformer.losses import matryoshka
+
+    monkeypatch.setattr(matryoshka, "uses_gradient_cache", lambda loss: False, raising=False)
+    trainer = _wrapped_trainer(tiny_encoder, tmp_path, DIMS)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(ValueError, match=r"cuts the model's output.*MoCoSELoss\(model, matryoshka_dims=\[\.\.\.\]\)"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(matryoshka_dims=[32, 8, 16]), "descending"),
     (dict(matryoshka_dims=[16, 8]), "full width"),
@@ -121,8 +136,12 @@ def test_impossible_settings_are_refused_in_both_front_ends(tiny_encoder, tmp_pa
 
 def test_the_command_line_flag_trains_and_the_export_truncates(tiny_encoder, tmp_path, capsys):
     """`--matryoshka_dims` (scripts/train.py, hf-mocose train): trains, records the dims in the checkpoint's
-    arguments, and the exported model loads with `truncate_dim`."""
+    arguments, the exported model loads with `truncate_dim`, and its card names the widths with the STS-B dev
+    Spearman of each, one row per width."""
+    import json
+
     from sentence_transformers import SentenceTransformer
+    from test_trainer_evaluate import PAIRS, write_stsb
 
     from hf_mocose.commands.train import main, parse_args
     from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS
@@ -130,13 +149,21 @@ def test_the_command_line_flag_trains_and_the_export_truncates(tiny_encoder, tmp
     argv = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
             "--per_device_train_batch_size", "8", "--max_steps", "2", "--queue_size", "16", "--queue_init_size", "4",
             "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
-            "--disable_tqdm", "true", "--max_seq_length", "16", "--matryoshka_dims", "32", "16", "8"]
+            "--disable_tqdm", "true", "--max_seq_length", "16", "--matryoshka_dims", "32", "16", "8",
+            "--stsb_dev_file", write_stsb(tmp_path / "sts-dev.csv", PAIRS * 2)]
     assert parse_args(argv)[1].matryoshka_dims == DIMS
     final = main(argv)
     assert "Saved the final MoCoSE checkpoint" in capsys.readouterr().out
     assert torch.load(Path(final) / "training_args.bin", weights_only=False).matryoshka_dims == DIMS
     model = SentenceTransformer(str(tmp_path / "sentence-transformers"), truncate_dim=8)
     assert model.encode(["one sentence", "and another"]).shape == (2, 8)
+    metrics = json.loads((tmp_path / "eval_results.json").read_text())
+    card = (tmp_path / "sentence-transformers" / "README.md").read_text()
+    assert "trained with Matryoshka dimensions 32, 16, 8" in card and 'truncate_dim=8)' in card
+    assert "| Dimensions | STS-B dev |" in card
+    for dim in DIMS:
+        spearman = metrics["eval_stsb_spearman" + ("" if dim == 32 else f"_dim{dim}")]
+        assert f"\n| {dim} | {spearman:.2f} |\n" in card
 
 
 def test_resume_is_exact(tiny_encoder, tmp_path):
@@ -149,3 +176,55 @@ def test_resume_is_exact(tiny_encoder, tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
     assert _losses(resumed)[-3:] == pytest.approx(_losses(full)[-3:], abs=1e-5)
     _assert_states_equal(_loss_state(resumed), _loss_state(full), atol=1e-5)
+
+
+def test_the_trainer_scores_sts_b_dev_at_every_width(tiny_encoder, tmp_path):
+    """`eval_stsb_spearman_dim{d}`: Spearman x100 of the first d entries of the same embeddings; a width may pick
+    the best model, a width never scored is refused."""
+    from scipy.stats import spearmanr
+    from test_trainer_evaluate import PAIRS, write_stsb
+
+    from hf_mocose.models.encoding import encode_with_model
+
+    stsb = write_stsb(tmp_path / "sts-dev.csv", PAIRS * 2)
+    trainer = make_trainer(tiny_encoder, tmp_path / "out", max_steps=1, matryoshka_dims=DIMS, stsb_dev_file=stsb,
+                           eval_strategy="steps", eval_steps=1, metric_for_best_model="stsb_spearman_dim8")
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert {f"eval_stsb_{m}_dim{d}" for m in ("spearman", "pearson") for d in DIMS[1:]} <= set(metrics)
+    assert not any(key.endswith(f"_dim{DIMS[0]}") for key in metrics)  # the full width keeps its own name
+    first, second = (encode_with_model(trainer.model, trainer.processing_class, [p[i] for p in PAIRS * 2])
+                     for i in (0, 1))
+    for dim in DIMS:
+        cosines = torch.nn.functional.cosine_similarity(first[:, :dim], second[:, :dim])
+        expected = 100 * spearmanr([p[2] for p in PAIRS * 2], cosines.numpy())[0]
+        name = "eval_stsb_spearman" + ("" if dim == DIMS[0] else f"_dim{dim}")
+        assert metrics[name] == pytest.approx(expected, abs=1e-4)
+    assert trainer.state.best_metric == pytest.approx(metrics["eval_stsb_spearman_dim8"], abs=1e-4)
+    with pytest.raises(ValueError, match=r"metric_for_best_model='stsb_spearman_dim4' is never computed.*"
+                                         r"eval_stsb_spearman_dim8"):
+        make_trainer(tiny_encoder, tmp_path / "bad", matryoshka_dims=DIMS, stsb_dev_file=stsb, eval_strategy="steps",
+                     metric_for_best_model="stsb_spearman_dim4").train()
+
+
+def test_the_card_table_reads_one_evaluation_per_width():
+    """`hf-mocose export --eval_results full.json dim16.json dim8.json`: each `--truncate_dim` evaluation is a row
+    of its own; a width trained but not scored shows dashes; two full-width evaluations are refused."""
+    from hf_mocose.publishing.model_card import matryoshka_section, read_eval_results
+
+    full = {"stsb": {"spearman": 80.0, "pearson": 79.0}, "sickr": {"spearman": 70.0}, "avg": 75.0,
+            "eval_stsb_spearman_dim16": 60.0}
+    cut = {"stsb": {"spearman": 75.5}, "avg": 75.5, "meta": {"truncate_dim": 8}}
+    results = read_eval_results([full, cut])
+    assert results["sts"]["stsb"]["spearman"] == 80.0 and results["widths"] == {16: {"stsb_dev": 60.0},
+                                                                               8: {"stsb": 75.5, "avg": 75.5}}
+    section = matryoshka_section(results, [32, 16, 8, 4], 32)
+    assert section["dims"] == [32, 16, 8, 4]
+    assert section["table"].splitlines() == [
+        "| Dimensions | STS-B | SICK-R | STS average | STS-B dev |", "|---|---|---|---|---|",
+        "| 32 | 80.00 | 70.00 | 75.00 | – |", "| 16 | – | – | – | 60.00 |", "| 8 | 75.50 | – | 75.50 | – |",
+        "| 4 | – | – | – | – |"]
+    assert matryoshka_section(read_eval_results(full), None, 32)["table"] is not None  # widths scored, not recorded
+    assert matryoshka_section(read_eval_results(None), None, 32) is None
+    with pytest.raises(ValueError, match="2 evaluations of the full width"):
+        read_eval_results([full, full])

@@ -1,7 +1,7 @@
 """`hf-mocose evaluate` and `hf-mocose diagnose`: the evaluation sub-commands.
 
     hf-mocose evaluate MODEL --senteval_dir DIR [--tasks sts|transfer|all|TASK ...] [--aggregation all|wmean]
-                             [--pooler cls|cls_dense|mean] [--batch_size N] [--output results.json]
+                             [--pooler cls|cls_dense|mean] [--batch_size N] [--truncate_dim N] [--output results.json]
     hf-mocose diagnose MODEL [MODEL ...] --senteval_dir DIR [--plot spectrum.png] [--output diag.json]
 """
 
@@ -54,6 +54,8 @@ def register(subparsers) -> None:
                           help="STS12-16 headline: 'all' = one correlation over the concatenated sets (SimCSE/MoCoSE, "
                           "default); 'wmean' = set correlations averaged, weighted by set size. Both are written to "
                           "the JSON")
+    evaluate.add_argument("--truncate_dim", type=int, default=None, help="score the embeddings' first N dimensions "
+                          "(a Matryoshka width), as SentenceTransformer(path, truncate_dim=N) (default: all)")
     evaluate.add_argument("--output", default=None, help="write the results as JSON here")
     evaluate.add_argument("--label", default=None, help="model name for the table (default: the folder name)")
     evaluate.add_argument("--seed", type=int, default=1111, help="seed of the transfer-task classifiers (SentEval: 1111)")
@@ -107,11 +109,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         encoder = load_encoder(args.model, args.pooler, args.device, args.batch_size, args.max_length,
-                               show_progress=not args.no_progress)
+                               show_progress=not args.no_progress, truncate_dim=args.truncate_dim)
     except KeyboardInterrupt:
         print("Interrupted (Ctrl-C) while loading the model: no task ran.", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
-    label = args.label or Path(args.model).name
+    label = args.label or Path(args.model).name + (f" (dim {args.truncate_dim})" if args.truncate_dim else "")
     start = time.perf_counter()
     results = run_tasks(encoder, args.senteval_dir, tasks, args.aggregation, args.seed, args.kfold, args.inner_folds,
                         log=lambda line: print(line, file=sys.stderr))  # stdout is for the table
@@ -123,7 +125,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         results["skipped"] = skipped
         results["meta"] = {"model": str(args.model), "label": label, "encoder": encoder.describe(),
                            "senteval_dir": str(args.senteval_dir), "tasks": tasks, "aggregation": args.aggregation,
-                           "seed": args.seed, "batch_size": args.batch_size, "total_seconds": round(total, 2)}
+                           "seed": args.seed, "batch_size": args.batch_size, "truncate_dim": args.truncate_dim,
+                           "total_seconds": round(total, 2)}
         _write_json(args.output, results)
         if "interrupted" not in results:
             print(f"\nWrote {args.output}", file=sys.stderr)

@@ -191,12 +191,14 @@ def detect_model_kind(path: str | Path) -> str:
 
 
 def load_encoder(path: str | Path, pooler: str | None = None, device: str | torch.device | None = None,
-                 batch_size: int = 64, max_length: int | None = None, show_progress: bool = True) -> Encoder:
+                 batch_size: int = 64, max_length: int | None = None, show_progress: bool = True,
+                 truncate_dim: int | None = None) -> Encoder:
     """Loads the MoCoSE checkpoint, sentence-transformers folder or plain HF encoder folder `path`, in eval mode
     (float32 but for a sentence-transformers folder's own). `pooler` (``cls | cls_dense | mean``) overrides a MoCoSE
     checkpoint's sentence_pooling (plain HF default ``cls``); a sentence-transformers folder given one is read as a
     plain HF encoder. `device`: default CUDA when available. `max_length`: truncation in tokens, by default the
-    encoder's own limit (whole sentences, as SentEval)."""
+    encoder's own limit (whole sentences, as SentEval). `truncate_dim`: keep the embeddings' first N entries (a
+    Matryoshka width), as `SentenceTransformer(path, truncate_dim=N)`; refused unless 1 <= N <= the model's width."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
     if pooler is not None:
@@ -209,7 +211,8 @@ def load_encoder(path: str | Path, pooler: str | None = None, device: str | torc
         model = SentenceTransformer(path, device=device)
         if max_length:
             model.max_seq_length = max_length
-        return Encoder(path, kind, "sentence-transformers", model.eval(), batch_size, show_progress)
+        return Encoder(path, kind, "sentence-transformers", truncated(model, truncate_dim).eval(), batch_size,
+                       show_progress)
     if kind == "mocose":
         model = SentenceTransformer(path, device=device, model_kwargs=float32)
         mocose = model[0].auto_model
@@ -228,4 +231,16 @@ def load_encoder(path: str | Path, pooler: str | None = None, device: str | torc
         encoder_config = transformer.auto_model.config
     # Not sentence-transformers' own limit: see `resolve_max_length` (RoBERTa's offset, a MoCoSE config).
     model.max_seq_length = resolve_max_length(model.tokenizer, encoder_config, max_length)
-    return Encoder(path, kind, pooling, model.eval(), batch_size, show_progress)
+    return Encoder(path, kind, pooling, truncated(model, truncate_dim).eval(), batch_size, show_progress)
+
+
+def truncated(model, truncate_dim: int | None):
+    """`model` encoding the first `truncate_dim` entries of its embeddings (None: as it is), after checking them."""
+    if truncate_dim is None:
+        return model
+    width = model.get_embedding_dimension()
+    if not (isinstance(truncate_dim, int) and 1 <= truncate_dim <= width):
+        raise ValueError(f"--truncate_dim must be a whole number from 1 to the model's {width} dimensions, "
+                         f"got {truncate_dim!r}.")
+    model.truncate_dim = truncate_dim
+    return model

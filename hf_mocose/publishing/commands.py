@@ -1,6 +1,6 @@
 """The `export` and `push` sub-commands of `hf-mocose` (registered through `register(subparsers)`).
 
-    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json]
+    hf-mocose export CHECKPOINT OUTPUT_DIR [--overwrite] [--max_seq_length N] [--eval_results results.json [dim64.json ...]]
                      [--repo_id user/name] [--onnx [--onnx_arch ARCH]] [--openvino [--calibration_file FILE]]
                      [--stsb_dev_file sts-dev.csv]
     hf-mocose push OUTPUT_DIR --repo_id user/name [--private] [--revision BRANCH] [--commit_message MSG] [--dry_run]
@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Tokens the exported model truncates its inputs at (default: the base model's "
                         "sentence-transformers max_seq_length, else the encoder's position limit; not the training "
                         "length).")
-    export.add_argument("--eval_results", default=None, help="Evaluation JSON (hf-mocose evaluate) for the card.")
+    export.add_argument("--eval_results", nargs="+", default=None, help="Evaluation JSON (hf-mocose evaluate) for "
+                        "the card; with Matryoshka widths, also one per width (hf-mocose evaluate --truncate_dim N).")
     export.add_argument("--repo_id", default=None, help="Hub repo the card's usage snippets should name.")
     export.add_argument("--base_model", default=None, help="Hub id of the starting encoder (default: from the config).")
     export.add_argument("--dataset", dest="datasets", action="append", default=[],

@@ -172,7 +172,7 @@ def _check_output_dir(output_dir: Path, checkpoint: Path, overwrite: bool) -> No
 
 def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
                                     overwrite: bool = False, *, max_seq_length: int | None = None,
-                                    eval_results: str | os.PathLike | dict | None = None, write_card: bool = True,
+                                    eval_results: str | os.PathLike | dict | list | None = None, write_card: bool = True,
                                     verify: bool = True, onnx: bool = False, openvino: bool = False,
                                     onnx_arch: str | None = None, stsb_dev_file: str | os.PathLike | None = None,
                                     calibration_file: str | None = None, **card_kwargs) -> Path:
@@ -180,9 +180,9 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     `output_dir` (absent or empty unless `overwrite`, which replaces it whole) and returns it. It truncates at
     `max_seq_length` tokens (default: the base model's sentence-transformers `max_seq_length`, else the encoder's
     position limit). `write_card`: README.md (`write_model_card` with `card_kwargs`) with the results of
-    `eval_results` (JSON path or dict), which also writes `.eval_results/` (`write_eval_results`). `verify`:
-    `verify_export`. `onnx` / `openvino`: the runtime files, checked and measured on `stsb_dev_file`, the int8
-    OpenVINO one calibrated on `calibration_file` (`runtimes.export_runtimes`)."""
+    `eval_results` (JSON path or dict, or a list of them: `read_eval_results`), which also writes `.eval_results/`
+    (`write_eval_results`). `verify`: `verify_export`. `onnx` / `openvino`: the runtime files, checked and measured on
+    `stsb_dev_file`, the int8 OpenVINO one calibrated on `calibration_file` (`runtimes.export_runtimes`)."""
     from .eval_results import write_eval_results
     from .runtimes import check_runtime_request, export_runtimes
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from importlib import resources
@@ -63,14 +64,52 @@ def training_details(config: dict[str, Any], facts: dict[str, Any], training_arg
         "base_model": config.get("base_model_name_or_path") or (config.get("encoder_config") or {}).get("_name_or_path"),
         "training_max_seq_length": config.get("max_seq_length"), "sentence_pooling": config.get("sentence_pooling", "cls"),
         "queue_size": config.get("queue_size"), "best_exported": bool(recorded.get("load_best_model_at_end")),
+        "widths_trained": recorded.get("matryoshka_dims"),
     }
 
 
-def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]:
+def matryoshka_section(results: dict[str, Any], dims: list[int] | None, full_dim: int) -> dict[str, Any] | None:
+    """The card's Matryoshka section, or None without smaller widths: `dims`, the full width then the smaller ones
+    trained (`dims`) or scored (`results["widths"]`), descending; `table`, Markdown, one row per width with the
+    Spearman x100 of each task scored at any width (the full width's from `results["sts"]`), or None."""
+    smaller = sorted({dim for dim in [*(dims or []), *results["widths"]] if dim < full_dim}, reverse=True)
+    if not smaller:
+        return None
+    rows = {full_dim: {**{task: scores["spearman"] for task, scores in results["sts"].items()},
+                       **({} if results["avg"] is None else {"avg": results["avg"]})},
+            **{dim: results["widths"].get(dim, {}) for dim in smaller}}
+    names = {**TASK_NAMES, "avg": "STS average"}
+    columns = [task for task in (*STS_TEST_TASKS, "avg", "stsb_dev") if any(task in row for row in rows.values())]
+    table = None if not any(rows[dim] for dim in smaller) else "\n".join([
+        "| Dimensions | " + " | ".join(names[task] for task in columns) + " |", "|---" * (len(columns) + 1) + "|",
+        *("| " + " | ".join([str(dim), *(f"{row[task]:.2f}" if task in row else "–" for task in columns)]) + " |"
+          for dim, row in rows.items())])
+    return {"dims": [full_dim, *smaller], "table": table}
+
+
+def read_eval_results(source: str | os.PathLike | dict | list | None) -> dict[str, Any]:
     """Normalises an evaluation JSON (path or dict) to `{"sts": {task: {...}}, "transfer": {...}, "avg": x, ...}`:
     the `hf-mocose evaluate` format (`{"sts12": {"spearman", "pearson", "n"}, ..., "mr": {"accuracy"}, "avg"}`), the
     same nested under "sts"/"transfer"/"results", or the trainer's metrics (`eval_stsb_spearman` -> STS-B dev).
-    Each STS task: `{"spearman", "pearson", "n", "spearman_all"}`."""
+    Each STS task: `{"spearman", "pearson", "n", "spearman_all"}`. `widths`: the Spearmans x100 at Matryoshka widths,
+    `{N: {task or "avg": x}}`, from the trainer's `eval_stsb_spearman_dimN` and from evaluations whose `meta` names a
+    `truncate_dim` (`hf-mocose evaluate --truncate_dim N`). A list: such evaluations, at most one of the full width."""
+    evaluations = [_results_json(item) for item in (source if isinstance(source, (list, tuple)) else [source])]
+    full = [raw for raw in evaluations if not (raw.get("meta") or {}).get("truncate_dim")]
+    if len(full) > 1:
+        raise ValueError(f"{len(full)} evaluations of the full width were given: give one, and the others from "
+                         "hf-mocose evaluate --truncate_dim N.")
+    results = _read_one_evaluation(full[0] if full else {})
+    for raw in evaluations:
+        if dim := (raw.get("meta") or {}).get("truncate_dim"):
+            cut = _read_one_evaluation(raw)
+            results["widths"].setdefault(int(dim), {}).update(
+                {task: scores["spearman"] for task, scores in cut["sts"].items()},
+                **({} if cut["avg"] is None else {"avg": cut["avg"]}))
+    return results
+
+
+def _results_json(source: str | os.PathLike | dict | None) -> dict[str, Any]:
     raw = {} if source is None else source
     if not isinstance(raw, dict):
         path = Path(source)
@@ -82,6 +121,10 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
             raise ValueError(f"Evaluation results file {str(path)!r} is not valid JSON: {err}") from err
     if not isinstance(raw, dict):
         raise ValueError(f"Evaluation results must be a JSON object, got {type(raw).__name__}.")
+    return raw
+
+
+def _read_one_evaluation(raw: dict[str, Any]) -> dict[str, Any]:
     nested = ("results", "sts", "transfer", "tasks")
     flat = {k: v for key in nested if isinstance(raw.get(key), dict) for k, v in raw[key].items()}
     flat.update({k: v for k, v in raw.items() if k not in nested})
@@ -109,7 +152,9 @@ def read_eval_results(source: str | os.PathLike | dict | None) -> dict[str, Any]
     if not isinstance(avg, (int, float)) and all(t in sts for t in STS_TEST_TASKS):
         avg, avg_over = sum(sts[t]["spearman"] for t in STS_TEST_TASKS) / len(STS_TEST_TASKS), list(STS_TEST_TASKS)
     complete = set(STS_TEST_TASKS) <= set(avg_over)
-    return {"sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
+    widths = {int(key.rsplit("_dim", 1)[1]): {"stsb_dev": float(value)} for key, value in flat.items()
+              if re.fullmatch(r"eval_stsb_spearman_dim\d+", key) and isinstance(value, (int, float))}
+    return {"widths": widths, "sts": sts, "transfer": transfer, "avg": float(avg) if isinstance(avg, (int, float)) else None,
             "avg_complete": complete, "avg_label": "Average (7 STS)" if complete else
             "Average over " + ", ".join(TASK_NAMES.get(t, t) for t in avg_over),
             "transfer_avg": float(flat["transfer_avg"]) if isinstance(flat.get("transfer_avg"), (int, float)) else None}
@@ -265,7 +310,8 @@ class MoCoSEModelCardData(SentenceTransformerModelCardData):
             dataset_args=as_list(dataset_args), training_data=details.get("training_data"),
             training_data_tables=training_data_tables(details.get("training_data")),
             extra_versions={name: _version(name) for name in ("hf-mocose", "huggingface_hub")},  # (the rest: ST's)
-            runtimes=runtimes)
+            runtimes=runtimes,
+            matryoshka=matryoshka_section(results, details["widths_trained"], st_model.get_embedding_dimension()))
         return card_data
 
     def render(self, template: str | os.PathLike | None = None):

@@ -252,6 +252,10 @@ class MoCoSELoss(nn.Module):
                                "with the model and checkpoints the loss state: pass callbacks=[loss.callback] to "
                                "SentenceTransformerTrainer(...).")
         self.adopt_matryoshka_wrapper()
+        if hasattr(self.online_model.__dict__.get("forward"), "set_dim"):  # sentence-transformers < 6's wrapper
+            raise ValueError("This sentence-transformers' MatryoshkaLoss cuts the model's output before MoCoSELoss's "
+                             "heads, and neither its target keys nor its queue: use MoCoSELoss(model, matryoshka_dims="
+                             "[...]) without the wrapper (sentence-transformers >= 6 runs the wrapper the same way).")
         features = list(sentence_features)
         if labels is not None or len(features) not in (1, 2):
             raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "

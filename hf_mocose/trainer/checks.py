@@ -118,7 +118,8 @@ def check_metric_for_best_model(args, eval_dataset) -> None:
     if metric is None or args.eval_strategy == "no":
         return
     prefixes = [f"eval_{name}" for name in eval_dataset] if isinstance(eval_dataset, dict) else ["eval"]
-    produced = [f"{prefix}_{name}" for prefix in prefixes for name in STS_METRICS]
+    widths = [f"_dim{dim}" for dim in (args.matryoshka_dims or [])[1:]]  # sts_evaluation's per-width metrics
+    produced = [f"{prefix}_{name}{width}" for prefix in prefixes for width in ["", *widths] for name in STS_METRICS]
     if (metric if metric.startswith("eval_") else f"eval_{metric}") not in produced:
         raise ValueError(f"metric_for_best_model={metric!r} is never computed: MoCoSETrainer's evaluation returns "
                          f"{', '.join(produced)} (Spearman and Pearson x 100 on the STS pairs; the eval_ prefix may be "

@@ -3,7 +3,9 @@
 `MoCoSETrainer` keeps `transformers.Trainer.evaluate` and replaces only the steps that assume a loss over batches
 (`get_eval_dataloader`, `evaluation_loop`, `get_test_dataloader` for `predict`). STS-B dev is reported as
 `{prefix}_stsb_spearman` / `{prefix}_stsb_pearson` x100 (as `hf-mocose evaluate`; the `MoCoSELoss` front end reports
-[-1, 1]). Sentences are encoded whole unless `eval_max_seq_length` is set.
+[-1, 1]). Sentences are encoded whole unless `eval_max_seq_length` is set. With `matryoshka_dims`, the same
+embeddings cut to each smaller width d are scored too: `{prefix}_stsb_spearman_dim{d}` / `{prefix}_stsb_pearson_dim{d}`
+(`metric_for_best_model` may name one; the default stays the full width's).
 A core module: `hf_mocose.evaluation` is never imported here.
 """
 
@@ -74,11 +76,18 @@ class MoCoSESimilarityEvaluator(EmbeddingSimilarityEvaluator):
         self.embeddings = [*self.embeddings[-1:], embeddings]
         return embeddings
 
-    def pair_similarities(self) -> np.ndarray:
-        """`(N,)` cosine similarity of each pair at the last call: what the correlations were computed on."""
+    def pair_similarities(self, dim: int | None = None) -> np.ndarray:
+        """`(N,)` cosine similarity of each pair at the last call (what the correlations were computed on), or of
+        the embeddings' first `dim` entries (a Matryoshka width)."""
         from sentence_transformers.util import pairwise_cos_sim
-        first, second = self.embeddings
+        first, second = (embeddings[:, :dim] for embeddings in self.embeddings)
         return pairwise_cos_sim(first, second).detach().cpu().numpy()
+
+    def correlations_at(self, dim: int) -> tuple[float, float]:
+        """Spearman and Pearson in [-1, 1] of the last call's pairs at the embeddings' first `dim` entries."""
+        from scipy.stats import pearsonr, spearmanr
+        similarities = self.pair_similarities(dim)
+        return float(spearmanr(self.scores, similarities)[0]), float(pearsonr(self.scores, similarities)[0])
 
     def store_metrics_in_model_card_data(self, model, metrics, epoch=0, step=0) -> None:
         # Only a SentenceTransformer carries model-card data; the export's card reads the metrics instead.
@@ -151,6 +160,10 @@ class STSEvaluationMixin:
         name = STS_EVALUATOR_NAME
         metrics = {f"{metric_key_prefix}_{name}_spearman": 100 * float(scores[f"{name}_spearman_cosine"]),
                    f"{metric_key_prefix}_{name}_pearson": 100 * float(scores[f"{name}_pearson_cosine"])}
+        for dim in (self.args.matryoshka_dims or [])[1:]:  # the same embeddings, cut to each smaller width
+            spearman, pearson = evaluator.correlations_at(dim)
+            metrics.update({f"{metric_key_prefix}_{name}_spearman_dim{dim}": 100 * spearman,
+                            f"{metric_key_prefix}_{name}_pearson_dim{dim}": 100 * pearson})
         similarities, gold = evaluator.pair_similarities(), np.asarray(evaluator.scores)
         if self.compute_metrics is not None:  # as Trainer.evaluation_loop: the user's metrics, prefixed
             prediction = EvalPrediction(predictions=similarities, label_ids=gold)

@@ -41,6 +41,12 @@ through `MoCoSELoss`, whose arguments carry the same names; Trainer fields such 
   st_ct                  `ContrastiveTensionLossInBatchNegatives` (Contrastive Tension, in-batch negatives), scale 20
   st_tsdae               `DenoisingAutoEncoderLoss`, decoder tied to the encoder, on (noisy, original) pairs; noise:
                          whitespace words deleted with probability 0.6 (TSDAE's ratio; nltk's tokenizer is not used)
+  mocose_matryoshka      `mocose` with matryoshka_dims = `--matryoshka_dims` (default 384 256 128 64)
+  simcse_matryoshka      `simcse` with the same matryoshka_dims
+  st_matryoshka_mnrl     `st_mnrl` inside sentence-transformers' `MatryoshkaLoss` at `--matryoshka_dims`
+
+`--truncate_dims 384 128 64` scores every variant (and the start) at each width: the first d entries of the same
+embeddings, columns `task@d`.
 
 Equal compute: the budget is enforced by a `TrainerCallback` that sets `control.should_training_stop`
 once the variant's training time is spent. With `--interleave` (default) the trainers take turns, one
@@ -95,6 +101,9 @@ ESIMCSE: dict = {"method": "esimcse", "word_repetition_rate": 0.32, "ema_decay_s
                  "queue_init_size": 0, "target_dropout": False, "fgsm_mode": "off", "projection_layers": 0,
                  "head_init": "random", "head_learning_rate": None}
 ESIMCSE_QUEUE_PER_BATCH = 2.5  # the authors' neg_size 160 at batch 64 (caskcsg/sentemb ESimCSE/run.sh)
+# SimCSE as its paper trains it (random heads at learning_rate), whatever the library defaults are.
+SIMCSE: dict = {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None}
+MATRYOSHKA_FLAG = "--matryoshka_dims"  # a variant's matryoshka_dims: the flag's
 # name -> MoCoSETrainingArguments overrides; the sentence-transformers baselines (None) are built apart (ST_BASELINES),
 # `front_end: st` through MoCoSELoss.
 VARIANTS: dict[str, dict | None] = {
@@ -107,8 +116,7 @@ VARIANTS: dict[str, dict | None] = {
     "mocose_identity_fgsm_off": {"method": "mocose", **PAPER, "head_init": "identity", "fgsm_mode": "off"},
     "mocose_identity_fgsm_rms": {"method": "mocose", **PAPER, "head_init": "identity",
                                  "fgsm_epsilon_unit": "embedding_rms", "fgsm_epsilon": 0.01},
-    # SimCSE as its paper trains it (random heads at learning_rate), whatever the library defaults are.
-    "simcse": {"method": "simcse", "fgsm_mode": "off", "head_init": "random", "head_learning_rate": None},
+    "simcse": SIMCSE,
     "st_mnrl": None,
     "esimcse": ESIMCSE,
     "st_cmnrl": None,
@@ -117,6 +125,9 @@ VARIANTS: dict[str, dict | None] = {
     "mocose_adapt": {"method": "mocose", **ADAPT},
     "st_mocose": {"method": "mocose", "front_end": "st"},
     "st_mocose_adapt": {"method": "mocose", "front_end": "st", **ADAPT},
+    "mocose_matryoshka": {"method": "mocose", "matryoshka_dims": MATRYOSHKA_FLAG},
+    "simcse_matryoshka": {**SIMCSE, "matryoshka_dims": MATRYOSHKA_FLAG},
+    "st_matryoshka_mnrl": None,
 }
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
 EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "stsb_train", "sickr_train", "sts13", "sts14", "sts15", "sts16", "stsb",
@@ -212,14 +223,15 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
                             learning_rate=cfg.learning_rate, logging_steps=50)
     if overrides is None:  # sentence-transformers' own losses
         model = sentence_transformer(model_path, cfg.max_seq_length, cfg.pooling, cfg.device)
-        return st_baseline_trainer(name, model, sentences, common, 1.0 / cfg.temperature, seed), model, tokenizer
+        return st_baseline_trainer(name, model, sentences, common, 1.0 / cfg.temperature, seed,
+                                   cfg.matryoshka_dims), model, tokenizer
 
     settings = dict(max_seq_length=cfg.max_seq_length, queue_size=cfg.queue_size,
                     queue_init_size=min(128, cfg.queue_size), contrastive_temperature=cfg.temperature,
                     sentence_pooling=cfg.pooling)
     if overrides.get("method") == "esimcse":
         settings["queue_size"] = round(ESIMCSE_QUEUE_PER_BATCH * cfg.batch_size)
-    settings.update(overrides)
+    settings.update({key: cfg.matryoshka_dims if value == MATRYOSHKA_FLAG else value for key, value in overrides.items()})
     # Trainer settings a variant may change (e.g. learning_rate) go to the training arguments of either front end.
     trainer_names = {f.name for f in dataclasses.fields(TrainingArguments)}
     common.update({k: settings.pop(k) for k in list(settings) if k in trainer_names})
@@ -269,11 +281,27 @@ def encoder_of(model, tokenizer, max_length: int):
     return lambda s: encode_with_model(model, tokenizer, s, batch_size=64, max_length=max_length)
 
 
-def score_sts(encode, tasks: dict) -> dict[str, float]:
-    """Spearman x100 per task (STS12-16: one correlation over the concatenated sets, as SimCSE/MoCoSE)."""
+def score_sts(encode, tasks: dict, dims: list[int] | None = None) -> dict[str, float]:
+    """Spearman x100 per task (STS12-16: one correlation over the concatenated sets, as SimCSE/MoCoSE); with
+    `dims` (`--truncate_dims`), per task and width, `task@d`: the first d entries of the same embeddings."""
     from hf_mocose.evaluation.sts import evaluate_sts_task
 
-    return {task: round(evaluate_sts_task(encode, sets)["spearman"], 2) for task, sets in tasks.items()}
+    if not dims:
+        return {task: round(evaluate_sts_task(encode, sets)["spearman"], 2) for task, sets in tasks.items()}
+    encoded: dict = {}
+
+    def first(dim: int):  # each task's sentences encoded once, for every width
+        def cut(sentences):
+            if (key := tuple(sentences)) not in encoded:
+                encoded[key] = encode(sentences)
+            embeddings = encoded[key]
+            if dim > embeddings.shape[1]:
+                raise SystemExit(f"--truncate_dims {dim}: the embeddings have {embeddings.shape[1]} dimensions")
+            return embeddings[:, :dim]
+        return cut
+
+    return {f"{task}@{dim}": round(evaluate_sts_task(first(dim), sets)["spearman"], 2)
+            for task, sets in tasks.items() for dim in dims}
 
 
 def load_tasks(senteval_dir: str, names: list[str]) -> dict:
@@ -306,7 +334,8 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
         clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
         marks = tuple(60.0 * m for m in cfg.score_at_minutes)
         callback = TrainingBudget(budget, name, baton, ready, clock, marks,
-                                  score=lambda m, tok=tokenizer: score_sts(encoder_of(m, tok, cfg.eval_max_length), tasks))
+                                  score=lambda m, tok=tokenizer: score_sts(encoder_of(m, tok, cfg.eval_max_length), tasks,
+                                                                           cfg.truncate_dims))
         trainer.add_callback(callback)
         built[name] = (trainer, model, tokenizer, out_dir)
         callbacks[name] = callback
@@ -326,7 +355,7 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
         if cfg.save_models:
             checkpoint = os.path.join(out_dir, "final")
             model.save(checkpoint) if variants[name] is None else trainer.save_model(checkpoint)
-        scores = score_sts(encoder_of(model, tokenizer, cfg.eval_max_length), tasks)
+        scores = score_sts(encoder_of(model, tokenizer, cfg.eval_max_length), tasks, cfg.truncate_dims)
         results[name] = {
             "scores": scores,
             "steps": trainer.state.global_step,
@@ -360,6 +389,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--learning_rate", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=0.05)
     parser.add_argument("--queue_size", type=int, default=512)
+    parser.add_argument("--matryoshka_dims", type=int, nargs="+", default=[384, 256, 128, 64],
+                        help="the *_matryoshka variants' widths (descending, the first the model's)")
+    parser.add_argument("--truncate_dims", type=int, nargs="+", default=None,
+                        help="score every variant at each of these widths (the first d entries), e.g. 384 128 64")
     parser.add_argument("--schedule_steps", type=int, default=None,
                         help="optimizer steps the LR schedule and EMA ramp span (default: one epoch)")
     parser.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
@@ -396,7 +429,8 @@ def main(argv=None) -> dict:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)
 
     start = MoCoSEModel.from_pretrained(model_path, method="simcse", sentence_pooling=cfg.pooling)
-    before = score_sts(encoder_of(start, AutoTokenizer.from_pretrained(model_path), cfg.eval_max_length), tasks)
+    before = score_sts(encoder_of(start, AutoTokenizer.from_pretrained(model_path), cfg.eval_max_length), tasks,
+                       cfg.truncate_dims)
     del start
     print(f"before ({cfg.pooling}): {before}", flush=True)
 
@@ -405,13 +439,14 @@ def main(argv=None) -> dict:
         results = run_seed(cfg, variants, model_path, sentences, tasks, seed)
         for name in variants:
             details[name].append({"seed": seed, **results[name]})
-    summary: dict = {"model": model_name, "tasks": list(tasks), "before": before,
-                     "variants": summarise(details, variants, list(tasks))}
+    scored = list(before)  # the tasks, or with --truncate_dims each task at each width
+    summary: dict = {"model": model_name, "tasks": scored, "before": before,
+                     "variants": summarise(details, variants, scored)}
     summary.update({
         "details": details, "seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "interleave": cfg.interleave,
         "clock": cfg.clock,
         "schedule_steps": cfg.schedule_steps, "corpus": cfg.corpus, "n_sentences": len(sentences),
-        "batch_size": cfg.batch_size, "pooling": cfg.pooling, "max_seq_length": cfg.max_seq_length,
+        "batch_size": cfg.batch_size, "truncate_dims": cfg.truncate_dims, "pooling": cfg.pooling, "max_seq_length": cfg.max_seq_length,
         "learning_rate": cfg.learning_rate,
         "temperature": cfg.temperature, "eval_max_length": cfg.eval_max_length,
         "command": "python scripts/benchmarks/benchmark_quality.py " + argv_text,

@@ -93,7 +93,7 @@ def st_mnrl_trainer(model, sentences: list[str], fields: dict, scale: float):
 
 
 # sentence-transformers' unsupervised recipes, each with its own loss class (benchmark_quality.py's baselines).
-ST_BASELINES = ("st_mnrl", "st_cmnrl", "st_ct", "st_tsdae")
+ST_BASELINES = ("st_mnrl", "st_cmnrl", "st_ct", "st_tsdae", "st_matryoshka_mnrl")
 CMNRL_BATCH_FACTOR = 4  # st_cmnrl: GradCache at 4x the table's batch, in mini-batches of the table's batch
 TSDAE_DELETION = 0.6  # TSDAE's deletion ratio (Wang et al., 2021; sentence-transformers' DenoisingAutoEncoderDataset)
 
@@ -112,14 +112,16 @@ def delete_words(sentences: list[str], ratio: float, seed: int) -> list[str]:
     return noisy
 
 
-def st_baseline_trainer(name: str, model, sentences: list[str], fields: dict, scale: float, seed: int = 0):
+def st_baseline_trainer(name: str, model, sentences: list[str], fields: dict, scale: float, seed: int = 0,
+                        matryoshka_dims: list[int] | None = None):
     """`SentenceTransformerTrainer` with one of sentence-transformers' own unsupervised losses (`ST_BASELINES`):
 
     * `st_mnrl`: `MultipleNegativesRankingLoss` on (s, s) pairs (SimCSE as sentence-transformers trains it);
     * `st_cmnrl`: `CachedMultipleNegativesRankingLoss` on (s, s) pairs at `CMNRL_BATCH_FACTOR` x the batch, in
       mini-batches of the batch (GradCache; the schedule spans the same epoch in fewer steps);
     * `st_ct`: `ContrastiveTensionLossInBatchNegatives` on single sentences (two models, in-batch negatives);
-    * `st_tsdae`: `DenoisingAutoEncoderLoss` with its tied decoder on (noisy, original) pairs, noise `delete_words`.
+    * `st_tsdae`: `DenoisingAutoEncoderLoss` with its tied decoder on (noisy, original) pairs, noise `delete_words`;
+    * `st_matryoshka_mnrl`: `MatryoshkaLoss` around `st_mnrl`'s loss at `matryoshka_dims`.
     """
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer
@@ -127,8 +129,10 @@ def st_baseline_trainer(name: str, model, sentences: list[str], fields: dict, sc
     from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 
     pairs = {"anchor": sentences, "positive": sentences}
-    if name == "st_mnrl":
+    if name in ("st_mnrl", "st_matryoshka_mnrl"):
         data, loss = pairs, losses.MultipleNegativesRankingLoss(model, scale=scale)
+        if name == "st_matryoshka_mnrl":
+            loss = losses.MatryoshkaLoss(model, loss, matryoshka_dims=matryoshka_dims)
     elif name == "st_cmnrl":
         batch = fields["per_device_train_batch_size"]
         data, loss = pairs, losses.CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=batch)
