@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 import yaml
 from conftest import run_cli
 
@@ -31,6 +32,16 @@ EVAL = {"sts12": {"spearman": 71.2, "pearson": 70.1, "n": 3108, "aggregation": "
         "stsb_dev": {"spearman": 82.9, "pearson": 82.0, "n": 1500}}
 QUANTIZED = runtimes.quantized_onnx_file(runtimes.cpu_arch())
 OPENVINO_INT8 = "openvino/openvino_model_qint8_quantized.xml"
+# NNCF's static int8 of this tiny random model (hidden size 16) sits at the int8 bound: from transformers 5's exported
+# graph it passes; from transformers 4.56's (CI's floors) its cosine was 0.961 < 0.97, and the export refused the
+# file, as it must. Under transformers 4 the tests accept that refusal: the file then is absent (not written
+# half-checked) and has no card row. all-MiniLM-L6-v2's NNCF file is checked by the slow test either way.
+REFUSABLE = {OPENVINO_INT8, OPENVINO_INT8.replace(".xml", ".bin")} if int(transformers.__version__.split(".")[0]) < 5 else set()
+
+
+def expected(folder, files) -> list:
+    """`files` less those the export may refuse here (REFUSABLE) and did: absent from the folder."""
+    return [file for file in files if file not in REFUSABLE or (folder / file).exists()]
 
 
 @pytest.fixture(autouse=True)
@@ -120,8 +131,8 @@ def test_export_writes_every_runtime_file_as_the_backends_name_them(exported):
     import onnx
     folder, _ = exported
     assert sorted(p.relative_to(folder).as_posix() for p in folder.glob("*/*") if p.parent.name in RUNTIME_DIRS) == \
-        sorted(["onnx/model.onnx", QUANTIZED, "openvino/openvino_model.xml",
-                "openvino/openvino_model.bin", OPENVINO_INT8, OPENVINO_INT8.replace(".xml", ".bin")])
+        sorted(expected(folder, ["onnx/model.onnx", QUANTIZED, "openvino/openvino_model.xml",
+                                 "openvino/openvino_model.bin", OPENVINO_INT8, OPENVINO_INT8.replace(".xml", ".bin")]))
     for file in ("onnx/model.onnx", QUANTIZED):
         graph = onnx.load(str(folder / file)).graph
         assert [node.name for node in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
@@ -145,6 +156,9 @@ OPENVINO_BOUND = 0.995 if runtimes.computes_bf16() else 0.9999  # OpenVINO's def
                                          (OPENVINO_INT8, 0.97)])
 def test_onnxruntime_and_openvino_run_directly_reproduce_pytorch(exported, file, bound):
     folder, _ = exported
+    if not expected(folder, [file]):  # refused by the export: no card row either
+        assert file not in [row[1] for row in card_runtime_rows((folder / "README.md").read_text())]
+        return
     assert cosines(run_directly(folder, file), pytorch_embeddings(folder)).min() >= bound
 
 
@@ -180,7 +194,7 @@ def test_card_has_the_measured_row_of_every_way_to_run_it(exported):
                                          ["ONNX Runtime", "onnx/model.onnx", "fp32"],
                                          ["ONNX Runtime", QUANTIZED, "int8"],
                                          ["OpenVINO", "openvino/openvino_model.xml", "bf16" if bf16 else "fp32"],
-                                         ["OpenVINO", OPENVINO_INT8, "int8"]]
+                                         *[["OpenVINO", file, "int8"] for file in expected(folder, [OPENVINO_INT8])]]
     by_file = {(row[1], row[2]): row for row in rows}
     reference = float(by_file["model.safetensors", "fp32"][4])
     for (file, precision), row in by_file.items():
@@ -198,10 +212,11 @@ def test_card_has_the_measured_row_of_every_way_to_run_it(exported):
     assert f"is {fastest[0]} {fastest[2]}" in advice and f"({fastest[6].split()[0]} PyTorch fp32)" in advice
     for file, backend in (("onnx/model.onnx", "onnx"), (QUANTIZED, "onnx"), ("openvino/openvino_model.xml", "openvino")):
         assert f'SentenceTransformer("alice/tiny-mocose", backend="{backend}", model_kwargs={{"file_name": "{file}"}})' in text
-    assert (f'backend="openvino", model_kwargs={{"file_name": "{OPENVINO_INT8}", "ov_config": '
-            '{"INFERENCE_PRECISION_HINT": "f32"}})') in text
     assert 'pip install "sentence-transformers[onnx]"' in text
-    assert "calibrated on the first 300 sentences of train.txt." in text  # its name, not the local folder
+    if expected(folder, [OPENVINO_INT8]):
+        assert (f'backend="openvino", model_kwargs={{"file_name": "{OPENVINO_INT8}", "ov_config": '
+                '{"INFERENCE_PRECISION_HINT": "f32"}})') in text
+        assert "calibrated on the first 300 sentences of train.txt." in text  # its name, not the local folder
 
 
 def card_snippet(text: str, heading: str) -> str:
@@ -251,7 +266,7 @@ def test_sentence_bert_config_reads_as_the_onnx_and_openvino_loaders_read_it(exp
     folder, _ = exported
     for backend, default, glob, files in (("onnx", "model.onnx", "*.onnx", ["onnx/model.onnx", QUANTIZED]),
                                           ("openvino", "openvino_model.xml", "openvino*.xml",
-                                           ["openvino/openvino_model.xml", OPENVINO_INT8])):
+                                           expected(folder, ["openvino/openvino_model.xml", OPENVINO_INT8]))):
         model_kwargs = Transformer._load_init_kwargs(str(folder), backend=backend)["model_kwargs"]
         assert set(model_kwargs) <= {"subfolder", "token", "cache_dir", "revision", "local_files_only",
                                      "trust_remote_code"}  # what sentence-transformers adds itself
