@@ -36,7 +36,7 @@ EXPECTED = {
 }
 
 
-# With peft installed (the dev extra has it, as most GPU images do), transformers.trainer_utils imports peft, which
+# With peft installed (as most GPU images have it; .ci/run installs it in its floors stage), transformers.trainer_utils imports peft, which
 # imports the auto classes: they load while that module, or one of ours importing TrainerCallback, is half-initialised.
 # Each of these failed so before the registration waited for the imports under way to settle.
 AUTO_MODEL = "from transformers import AutoModel\nprint([type(AutoModel.from_pretrained(FINAL)).__name__])"
@@ -53,7 +53,7 @@ EXPECTED.update(dict.fromkeys(PEFT_CASES, "['MoCoSEModel']"))
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_mocose_type_is_known_after_import_hf_mocose(case):
     if case in PEFT_CASES:
-        pytest.importorskip("peft", reason="peft is not installed (the dev extra installs it)")
+        pytest.importorskip("peft", reason="peft is not installed (.ci/run installs it in its floors stage)")
     code = f"FINAL = {str(FINAL)!r}\n" + CASES[case]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
