@@ -77,7 +77,7 @@ def test_the_home_page_renders_the_readme(chromium, site):
     dom, spread = looked_at(chromium, site / "index.html", "index")
     assert spread > 20, f"site/index.html looks blank (grey-level spread {spread:.1f})"
     text = shown_text(dom)
-    for words in ("hf-mocose", "Set up and test", "python -m pytest -q", "Quick start: MoCoSETrainer", "79.73 to 83.40"):
+    for words in ("hf-mocose", "Set up, run and test", "python -m pytest -q", "Quick start: MoCoSETrainer", "79.73 to 83.40"):
         assert words in text, words
     for link in ('href="getting_started.html"', 'href="api.html"', 'href="results.html"'):
         assert link in dom, link
