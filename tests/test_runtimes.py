@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -347,6 +348,37 @@ def test_bad_runtime_requests_fail_in_one_line_before_anything_is_written(export
     code, _, err = run_cli(["export", str(checkpoint), str(tmp_path / "out"), "--openvino"], capsys)
     assert code == 2 and "--openvino needs openvino: pip install 'hf-mocose[openvino]'." in err
     assert not (tmp_path / "out").exists()
+
+
+def _signal_stack() -> tuple:
+    import ctypes
+    stack = runtimes._SignalStack()
+    ctypes.CDLL(None).sigaltstack(None, ctypes.byref(stack))
+    return stack.ss_sp, stack.ss_flags, stack.ss_size
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signal_stack_kept acts on Linux only")
+def test_openvino_models_freed_in_the_order_made_leave_this_thread_able_to_handle_a_signal(exported):
+    """OpenVINO's CPU plugin swaps the compiling thread's alternate signal stack per model; freed first-made-first it
+    left the thread on a freed stack, and the suite's next SIGALRM was a segmentation fault. `export_runtimes` (and
+    the runtime benchmark) run inside `signal_stack_kept`, which puts the stack back as it was."""
+    import signal
+
+    import openvino as ov
+
+    before = _signal_stack()
+    with runtimes.signal_stack_kept():
+        first = ov.Core().compile_model(str(exported[0] / runtimes.OPENVINO_FILE), "CPU")
+        second = ov.Core().compile_model(str(exported[0] / runtimes.OPENVINO_FILE), "CPU")
+        del first, second  # in the order made
+    assert _signal_stack() == before  # else the signal below could end this process
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *args: received.append(args[0]))
+    try:
+        signal.raise_signal(signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert received == [signal.SIGUSR1]
 
 
 def test_cpu_arch_and_file_names():

@@ -25,10 +25,14 @@ is not written and the failure is one logged line. What passed is timed with PyT
 from __future__ import annotations
 
 import copy
+import ctypes
+import gc
 import logging
 import os
 import platform
 import statistics
+import sys
+import traceback
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +110,34 @@ def check_runtime_request(onnx: bool, openvino: bool, onnx_arch: str | None = No
     for extra in [name for name, wanted in (("onnx", onnx), ("openvino", openvino)) if wanted]:
         if missing := [p for p in EXTRAS[extra] if importlib.util.find_spec(p) is None]:
             raise ValueError(f"--{extra} needs {', '.join(missing)}: pip install 'hf-mocose[{extra}]'.")
+
+
+class _SignalStack(ctypes.Structure):  # Linux's stack_t
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+@contextmanager
+def signal_stack_kept():
+    """Puts this thread's alternate signal stack back as it was once what ran inside has freed its OpenVINO models.
+
+    OpenVINO's CPU plugin (2026.4) gives the thread that compiles a model an alternate signal stack of its own and,
+    when that model is freed, puts back the stack it found. Two models alive at once and freed in the order they were
+    made leave the thread on the freed stack of the first, and the next signal it handles (Ctrl-C, a timeout's
+    SIGTERM, an alarm) ends the process with a segmentation fault: found by the test suite, whose next test after an
+    export raised SIGALRM. Linux only (the layout of `stack_t`); elsewhere nothing is done."""
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    libc, saved = ctypes.CDLL(None, use_errno=True), _SignalStack()
+    libc.sigaltstack(None, ctypes.byref(saved))
+    try:
+        yield
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)  # the failed frames' models are freed below, not later
+        raise
+    finally:
+        gc.collect()  # models held in reference cycles
+        libc.sigaltstack(ctypes.byref(saved), None)
 
 
 @contextmanager
@@ -261,6 +293,7 @@ def _checked(st_model, run, row: dict, reference: np.ndarray, check_sentences, d
     return None
 
 
+@signal_stack_kept()
 def export_runtimes(export_dir: str | os.PathLike, check_sentences: list[str], *, onnx: bool = False,
                     openvino: bool = False, onnx_arch: str | None = None,
                     stsb_dev_file: str | os.PathLike | None = None, calibration_file: str | None = None) -> dict:

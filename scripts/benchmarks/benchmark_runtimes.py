@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     sentences = list(dict.fromkeys([*pairs.sentences1, *pairs.sentences2]))  # stsb_spearman's order
     st_model = SentenceTransformer(args.model or default_encoder(), device="cpu").eval()
     arch = args.arch or runtimes.cpu_arch()
-    with tempfile.TemporaryDirectory() as temporary:
+    with tempfile.TemporaryDirectory() as temporary, runtimes.signal_stack_kept():  # several OpenVINO models
         files = make_files(st_model, Path(args.work_dir or temporary), arch)
         rows = measure(st_model, paths(st_model, files, args.threads), pairs, sentences, args.repeats)
     header = (f"{runtimes.cpu_name()}, torch {torch.__version__}, {args.threads} thread(s), batch "
