@@ -92,12 +92,15 @@ def minilm() -> str:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-    environment = dict(os.environ)
+    environment, threads = dict(os.environ), torch.get_num_threads()
     yield
     # Each test starts from the session's environment: transformers < 5 writes ACCELERATE_MIXED_PRECISION for bf16
     # arguments, which every later Trainer of the process would then train with.
     os.environ.clear()
     os.environ.update(environment)
+    # and with the session's torch threads: a script run in-process (benchmark_runtimes' --threads 1) left one, and a
+    # later test comparing this process's weights bit for bit with a subprocess's (2 threads) then failed
+    torch.set_num_threads(threads)
 
 
 def tiny_training_args(output_dir, **overrides):

@@ -2,6 +2,7 @@
 
 Run under `accelerate launch` (2 processes) or plainly (1 process):
     python tests/st_ddp_worker.py ENCODER OUT_DIR PER_DEVICE_BATCH MAX_STEPS ACCUMULATION MAX_GRAD_NORM [RESUME_FROM]
+with the environment's MATRYOSHKA_DIMS (a JSON list), if set, as the loss's `matryoshka_dims`.
 """
 
 import json
@@ -35,7 +36,9 @@ def main():
     trainer = make_st_trainer(
         encoder, out_dir, n_sentences=128, per_device_train_batch_size=int(batch), max_steps=int(steps),
         gradient_accumulation_steps=int(accumulation), max_grad_norm=float(max_grad_norm),
-        loss_kwargs=dict(queue_size=100, queue_init_size=4, head_dropout=0.0, target_dropout=False),
+        loss_kwargs=dict(queue_size=100, queue_init_size=4, head_dropout=0.0, target_dropout=False,
+                         **({"matryoshka_dims": json.loads(os.environ["MATRYOSHKA_DIMS"])}
+                            if "MATRYOSHKA_DIMS" in os.environ else {})),
         model_kwargs=dict(dropout=0.0), save_strategy="steps", save_steps=2, dataloader_drop_last=True,
         # SGD, as in ddp_worker.py: Adam would blow 1- vs 2-process float noise up to lr-sized steps.
         optim="sgd", learning_rate=0.1,

@@ -26,8 +26,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no"):
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no", **extra_env):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra_env}
     if n_proc == 1:
         cmd = [sys.executable, str(worker), *args]
     else:
@@ -202,6 +202,17 @@ def test_st_loss_clips_heads_with_the_model_as_mocose_trainer_does(st_runs):
 def test_st_loss_two_processes_match_one_process_with_same_global_batch(st_runs):
     _assert_states_close(st_runs["two"][0]["state"], st_runs["one"][0]["state"], atol=1e-5)
     assert st_runs["two"][0]["losses"] == pytest.approx(st_runs["one"][0]["losses"], abs=1e-5)
+
+
+def test_st_loss_matryoshka_two_processes_match_one_process(st_runs, tiny_encoder, tmp_path):
+    """`MoCoSELoss(model, matryoshka_dims=...)` under SentenceTransformerTrainer and DDP: every width's InfoNCE sees
+    the other rank's keys cut as the local ones, so 2 x 4 trains as 1 x 8 (weights and loss)."""
+    dims = {"MATRYOSHKA_DIMS": "[32, 16, 8]"}
+    two = _run([tiny_encoder, str(tmp_path / "two"), "4", *ST_SETTINGS], 2, tmp_path / "two", ST_WORKER, **dims)
+    one = _run([tiny_encoder, str(tmp_path / "one"), "8", *ST_SETTINGS], 1, tmp_path / "one", ST_WORKER, **dims)
+    assert two[0]["losses"][0] > 2 * st_runs["two"][0]["losses"][0]  # three widths' InfoNCE, not one
+    assert two[0]["losses"] == pytest.approx(one[0]["losses"], rel=1e-5)
+    _assert_states_close(two[0]["state"], one[0]["state"], atol=1e-5)
 
 
 def test_st_loss_under_ddp_compiled_by_accelerate_trains_as_the_eager_run(st_runs, tiny_encoder, tmp_path):

@@ -1,6 +1,7 @@
 """Matryoshka MoCoSE (`matryoshka_dims`): the objective at every width with queries, keys and queue cut alike, in
 both front ends, through sentence-transformers' own `MatryoshkaLoss` wrapper, refusals, and an exact resume."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,10 @@ def test_the_command_line_flag_trains_and_the_export_truncates(tiny_encoder, tmp
     """`--matryoshka_dims` (scripts/train.py, hf-mocose train): trains, records the dims in the checkpoint's
     arguments, the exported model loads with `truncate_dim`, and its card names the widths with the STS-B dev
     Spearman of each, one row per width."""
+    _command_line_run_truncates(tiny_encoder, DIMS, tmp_path, capsys)
+
+
+def _command_line_run_truncates(encoder, dims, tmp_path, capsys):
     import json
 
     from sentence_transformers import SentenceTransformer
@@ -146,24 +151,47 @@ def test_the_command_line_flag_trains_and_the_export_truncates(tiny_encoder, tmp
     from hf_mocose.commands.train import main, parse_args
     from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS
 
-    argv = ["--model_name_or_path", tiny_encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    argv = ["--model_name_or_path", encoder, "--train_file", BUILTIN_PYTHON_DOCS, "--max_train_samples", "32",
             "--per_device_train_batch_size", "8", "--max_steps", "2", "--queue_size", "16", "--queue_init_size", "4",
             "--output_dir", str(tmp_path), "--use_cpu", "true", "--eval_strategy", "no", "--save_strategy", "no",
-            "--disable_tqdm", "true", "--max_seq_length", "16", "--matryoshka_dims", "32", "16", "8",
+            "--disable_tqdm", "true", "--max_seq_length", "16", "--matryoshka_dims", *map(str, dims),
             "--stsb_dev_file", write_stsb(tmp_path / "sts-dev.csv", PAIRS * 2)]
-    assert parse_args(argv)[1].matryoshka_dims == DIMS
+    assert parse_args(argv)[1].matryoshka_dims == dims
     final = main(argv)
     assert "Saved the final MoCoSE checkpoint" in capsys.readouterr().out
-    assert torch.load(Path(final) / "training_args.bin", weights_only=False).matryoshka_dims == DIMS
-    model = SentenceTransformer(str(tmp_path / "sentence-transformers"), truncate_dim=8)
-    assert model.encode(["one sentence", "and another"]).shape == (2, 8)
+    assert torch.load(Path(final) / "training_args.bin", weights_only=False).matryoshka_dims == dims
+    model = SentenceTransformer(str(tmp_path / "sentence-transformers"), truncate_dim=dims[-1])
+    assert model.encode(["one sentence", "and another"]).shape == (2, dims[-1])
     metrics = json.loads((tmp_path / "eval_results.json").read_text())
     card = (tmp_path / "sentence-transformers" / "README.md").read_text()
-    assert "trained with Matryoshka dimensions 32, 16, 8" in card and 'truncate_dim=8)' in card
+    assert f"trained with Matryoshka dimensions {', '.join(map(str, dims))}" in card
+    assert f"truncate_dim={dims[-1]})" in card
     assert "| Dimensions | STS-B dev |" in card
-    for dim in DIMS:
-        spearman = metrics["eval_stsb_spearman" + ("" if dim == 32 else f"_dim{dim}")]
+    for dim in dims:
+        spearman = metrics["eval_stsb_spearman" + ("" if dim == dims[0] else f"_dim{dim}")]
         assert f"\n| {dim} | {spearman:.2f} |\n" in card
+
+
+@pytest.mark.slow
+def test_the_three_snippets_train_all_minilm_l6_v2_and_its_export_gives_64_dimensions(tmp_path, capsys):
+    """The issue's three ways in, on the real encoder (384 wide, widths 384/128/64): sentence-transformers'
+    `MatryoshkaLoss` around `MoCoSELoss` (the same losses as the keyword), the `MoCoSETrainer` field, and the
+    command-line flag, whose export loads with `truncate_dim=64`."""
+    from conftest import minilm_path
+
+    encoder, dims = minilm_path(), [384, 128, 64]
+    if _matryoshka_loss_honours_gradient_caching():
+        wrapped = _wrapped_trainer(encoder, tmp_path / "wrapped", dims)
+        wrapped.train()
+        keyword = make_st_trainer(encoder, tmp_path / "keyword", max_steps=3, loss_kwargs=dict(matryoshka_dims=dims))
+        keyword.train()
+        assert _losses(wrapped) == pytest.approx(_losses(keyword), abs=1e-5)
+    trainer = make_trainer(encoder, tmp_path / "trainer", matryoshka_dims=dims, max_steps=2)
+    trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    assert trainer.args.matryoshka_dims == dims and losses and all(map(math.isfinite, losses))
+    _command_line_run_truncates(encoder, dims, tmp_path / "cli", capsys)
 
 
 def test_resume_is_exact(tiny_encoder, tmp_path):
