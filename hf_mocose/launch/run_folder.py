@@ -7,6 +7,8 @@ lock: the kernel releases it when its process dies, however it dies) and writes 
 the first; a run that finds the record of one that died without releasing says in one line that it takes over.
 Under several processes, rank 0 takes the lock and the others learn its answer. A process may take the lock of a
 folder again (the driver holds it around `MoCoSETrainer.train`, which takes it too): it is released with the last.
+A folder the lock made is removed at the release when the lock is all it holds: a run refused before its first
+write (an unknown model id, say) leaves nothing behind.
 
 A save that cannot be written (a full disk, a quota, an I/O error: the writer's `OSError`, `SafetensorError` or
 torch's `RuntimeError`) ends the run in one line (`failed_save_sentence`): the file, the space the save needs (the
@@ -23,7 +25,7 @@ import os
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".hf-mocose-run.lock"
 OWNER_FILE = ".hf-mocose-run.json"
 OWNER_WAIT_S = 2.0  # the holder writes its record just after taking the OS lock
-_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process]
+_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process, whether the take made the folder]
 
 
 def _owner(folder: Path) -> dict | None:
@@ -59,6 +61,7 @@ def _take(output_dir: str) -> None:
     if path in _held:
         _held[path][1] += 1
         return
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path, timeout=0)
     try:
@@ -78,7 +81,7 @@ def _take(output_dir: str) -> None:
     partial = folder / f"{OWNER_FILE}.{os.getpid()}"  # not `.tmp*`, which is an interrupted save's
     partial.write_text(json.dumps(record), encoding="utf-8")
     os.replace(partial, folder / OWNER_FILE)
-    _held[path] = [lock, 1]
+    _held[path] = [lock, 1, made]
 
 
 def _rank_zero_answer(take) -> None:
@@ -117,6 +120,10 @@ def release_run_folder(output_dir: str) -> None:
     if held[1] == 0:
         del _held[path]
         (path.parent / OWNER_FILE).unlink(missing_ok=True)
+        if held[2] and [entry.name for entry in path.parent.iterdir()] == [LOCK_FILE]:
+            with suppress(OSError):  # still holding the OS lock: no other run has taken the folder meanwhile
+                path.unlink()
+                path.parent.rmdir()
         held[0].release()
 
 
