@@ -107,6 +107,21 @@ def test_the_lock_is_reentrant_in_a_process_and_released_after_a_failure(tmp_pat
     assert not holds_run_folder(str(trainer_folder))
 
 
+def test_a_release_removes_the_folders_the_lock_made_while_they_hold_nothing_else(tmp_path):
+    """A run refused after taking the lock leaves nothing: the folders `lock_run_folder` made go, those that were
+    there stay, and a folder a file was written to stays whole."""
+    (tmp_path / "there").mkdir()
+    empty = tmp_path / "there" / "made" / "run"
+    lock_run_folder(str(empty))
+    release_run_folder(str(empty))
+    assert [entry.name for entry in tmp_path.iterdir()] == ["there"] and not any((tmp_path / "there").iterdir())
+    written = tmp_path / "new" / "run"
+    lock_run_folder(str(written))
+    (written / "config.json").write_text("{}")
+    release_run_folder(str(written))
+    assert sorted(entry.name for entry in written.iterdir()) == [LOCK_FILE, "config.json"]
+
+
 @pytest.mark.slow
 def test_two_runs_started_together_leave_one_complete_run_and_one_line(tiny_encoder, tmp_path):
     corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"

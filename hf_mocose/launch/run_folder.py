@@ -7,8 +7,8 @@ lock: the kernel releases it when its process dies, however it dies) and writes 
 the first; a run that finds the record of one that died without releasing says in one line that it takes over.
 Under several processes, rank 0 takes the lock and the others learn its answer. A process may take the lock of a
 folder again (the driver holds it around `MoCoSETrainer.train`, which takes it too): it is released with the last.
-A folder the lock made is removed at the release when the lock is all it holds: a run refused before its first
-write (an unknown model id, say) leaves nothing behind.
+The folders the lock made are removed at the release when the lock is all they hold: a run refused before its
+first write (an unknown model id, say) leaves nothing behind.
 
 A save that cannot be written (a full disk, a quota, an I/O error: the writer's `OSError`, `SafetensorError` or
 torch's `RuntimeError`) ends the run in one line (`failed_save_sentence`): the file, the space the save needs (the
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".hf-mocose-run.lock"
 OWNER_FILE = ".hf-mocose-run.json"
 OWNER_WAIT_S = 2.0  # the holder writes its record just after taking the OS lock
-_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process, whether the take made the folder]
+_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process, the outermost folder the take made]
 
 
 def _owner(folder: Path) -> dict | None:
@@ -61,7 +61,7 @@ def _take(output_dir: str) -> None:
     if path in _held:
         _held[path][1] += 1
         return
-    made = not folder.exists()
+    made = next((p for p in reversed((folder, *folder.parents)) if not p.exists()), None)
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path, timeout=0)
     try:
@@ -123,7 +123,8 @@ def release_run_folder(output_dir: str) -> None:
         if held[2] and [entry.name for entry in path.parent.iterdir()] == [LOCK_FILE]:
             with suppress(OSError):  # still holding the OS lock: no other run has taken the folder meanwhile
                 path.unlink()
-                path.parent.rmdir()
+                for made in (path.parent, *path.parent.parents[:len(path.parent.relative_to(held[2]).parts)]):
+                    made.rmdir()  # up to the outermost folder the take made; one that is not empty stops it
         held[0].release()
 
 
