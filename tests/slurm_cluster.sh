@@ -39,7 +39,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# A requeued job waits cred_expire + 1 s before it starts again (120 s by default): the lost-node test waits 11 s.
+# (Moving its BeginTime to now raced the killed job's revoked credential on node1: "Job credential revoked", and the
+# restart failed without a requeue.)
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid

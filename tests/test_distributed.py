@@ -101,6 +101,15 @@ def test_resume_in_two_processes_with_fgsm(fgsm_mode, tiny_encoder, tmp_path):
     assert resumed_runs[0]["losses"][-2:] == pytest.approx(full_runs[0]["losses"][-2:], abs=1e-6)
 
 
+def test_a_checkpoint_is_marked_complete_only_after_every_process_wrote_its_rng_state(tiny_encoder, tmp_path):
+    """trainer_state.json (rank 0's, written last) marks a checkpoint complete for `--resume_from_checkpoint last`:
+    rank 1 writing its RNG state 1.5 s late must still come first (a node lost in between otherwise left a
+    "complete" checkpoint without that node's RNG states: tests/test_slurm.py's resume drifted)."""
+    options = json.dumps({"slow_rank1_rng_save": 1.5})
+    results = _run([tiny_encoder, str(tmp_path), "4", "4", "-", "mocose", options], 2, tmp_path)
+    assert results[0]["rng_files_when_marked"] == [["rng_state_0.pth", "rng_state_1.pth"]] * 2
+
+
 def _two_vs_one(tiny_encoder, tmp_path, steps, method, options=None, loss_rel=None):
     """Trains 2 processes x 4 sentences and 1 process x 8 with the same settings: they must agree (the losses to
     1e-5, or to `loss_rel` of their size where a loss sums several terms)."""

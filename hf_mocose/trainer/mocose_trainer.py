@@ -265,9 +265,11 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             save_card_facts(output_dir if output_dir is not None else self.args.output_dir, self)
 
     def _save_rng_state(self, output_dir):
-        """Also saves FGSM's "previous" gradient, per process, before trainer_state.json marks the checkpoint done."""
+        """Also saves FGSM's "previous" gradient, per process; then waits for every process: rank 0's
+        trainer_state.json marks the checkpoint complete, so it must not precede another process's RNG state."""
         super()._save_rng_state(output_dir)
         self.fgsm.save(output_dir, self.args.process_index)
+        self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
