@@ -110,6 +110,19 @@ def test_a_checkpoint_is_marked_complete_only_after_every_process_wrote_its_rng_
     assert results[0]["rng_files_when_marked"] == [["rng_state_0.pth", "rng_state_1.pth"]] * 2
 
 
+def test_ddp_find_unused_parameters_under_fgsm_previous_is_refused_in_one_line(tiny_encoder, tmp_path):
+    options = json.dumps({"fgsm_mode": "previous", "ddp_find_unused_parameters": True})
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "--main_process_port", str(_free_port()), str(WORKER), tiny_encoder, str(tmp_path), "4", "2",
+                           "-", "mocose", options], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "ValueError: ddp_find_unused_parameters=True: DDP then hands the loss copies" in proc.stderr, proc.stderr[-3000:]
+    assert "'NoneType' object has no attribute 'detach'" not in proc.stderr
+    assert not list(tmp_path.glob("checkpoint-*"))
+
+
 def _two_vs_one(tiny_encoder, tmp_path, steps, method, options=None, loss_rel=None):
     """Trains 2 processes x 4 sentences and 1 process x 8 with the same settings: they must agree (the losses to
     1e-5, or to `loss_rel` of their size where a loss sums several terms)."""
