@@ -26,7 +26,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no", **extra_env):
+def _launch(args, n_proc, worker=WORKER, dynamo_backend="no", **extra_env) -> subprocess.CompletedProcess:
+    """`worker` with `args` in one process, or in two under `accelerate launch`."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra_env}
     if n_proc == 1:
         cmd = [sys.executable, str(worker), *args]
@@ -34,7 +35,11 @@ def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no", **extra_env)
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", dynamo_backend,
                "--main_process_port", str(_free_port()), str(worker), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _run(args, n_proc, out_dir, worker=WORKER, dynamo_backend="no", **extra_env):
+    proc = _launch(args, n_proc, worker, dynamo_backend, **extra_env)
     results = [torch.load(out_dir / f"rank{r}.pt") for r in range(n_proc) if (out_dir / f"rank{r}.pt").is_file()]
     assert len(results) == n_proc, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return results
@@ -112,11 +117,7 @@ def test_a_checkpoint_is_marked_complete_only_after_every_process_wrote_its_rng_
 
 def test_ddp_find_unused_parameters_under_fgsm_previous_is_refused_in_one_line(tiny_encoder, tmp_path):
     options = json.dumps({"fgsm_mode": "previous", "ddp_find_unused_parameters": True})
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "--main_process_port", str(_free_port()), str(WORKER), tiny_encoder, str(tmp_path), "4", "2",
-                           "-", "mocose", options], env=env, capture_output=True, text=True, timeout=600)
+    proc = _launch([tiny_encoder, str(tmp_path), "4", "2", "-", "mocose", options], 2)
     assert proc.returncode != 0
     assert "ValueError: ddp_find_unused_parameters=True: DDP then hands the loss copies" in proc.stderr, proc.stderr[-3000:]
     assert "'NoneType' object has no attribute 'detach'" not in proc.stderr

@@ -65,7 +65,7 @@ MAX_MODULE_LINES = 400
 # int8 OpenVINO file and --calibration_file, interleaved timing and the card's advice, runtime_speed), 9343;
 # Matryoshka per width (issue 54: STS-B dev per width, --truncate_dim, the card's table, the sentence-transformers 5.x
 # refusal), 9426; OpenVINO's freed signal stack put back after an export (`runtimes.signal_stack_kept`), 9459.
-MAX_PACKAGE_LINES = 9473
+MAX_PACKAGE_LINES = 9474
 MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
 
 

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".hf-mocose-run.lock"
 OWNER_FILE = ".hf-mocose-run.json"
 OWNER_WAIT_S = 2.0  # the holder writes its record just after taking the OS lock
-_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process, the outermost folder the take made]
+_held: dict[Path, list] = {}  # lock file -> [FileLock, times taken by this process, the folders the take made]
 
 
 def _owner(folder: Path) -> dict | None:
@@ -61,7 +61,7 @@ def _take(output_dir: str) -> None:
     if path in _held:
         _held[path][1] += 1
         return
-    made = next((p for p in reversed((folder, *folder.parents)) if not p.exists()), None)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path, timeout=0)
     try:
@@ -123,8 +123,8 @@ def release_run_folder(output_dir: str) -> None:
         if held[2] and [entry.name for entry in path.parent.iterdir()] == [LOCK_FILE]:
             with suppress(OSError):  # still holding the OS lock: no other run has taken the folder meanwhile
                 path.unlink()
-                for made in (path.parent, *path.parent.parents[:len(path.parent.relative_to(held[2]).parts)]):
-                    made.rmdir()  # up to the outermost folder the take made; one that is not empty stops it
+                for made in held[2]:
+                    made.rmdir()  # one that is not empty (something else was written there) stops it
         held[0].release()
 
 

@@ -5,7 +5,8 @@ A model folder must hold whole weights; a Hub id is asked of the Hub with one me
 
 Most Trainer switches work with MoCoSE as they are (docs/trainer_switches.md); `check_trainer_switches` refuses
 those that would crash at some later step or be silently ignored: NEFTune, label smoothing, fp16 on the CPU,
-DDP's unused-parameter search under FGSM "previous", sequence lengths beyond the encoder's position limit, a `metric_for_best_model` that `evaluate()` never returns.
+DDP's unused-parameter search under FGSM "previous", sequence lengths beyond the encoder's position limit, a
+`metric_for_best_model` that `evaluate()` never returns.
 """
 
 from __future__ import annotations
@@ -104,11 +105,11 @@ def check_trainer_switches(trainer) -> None:
     if args.fp16 and args.device.type == "cpu":  # accelerate ignores it there: no autocast, no grad scaler
         raise ValueError("fp16=True does nothing when training on the CPU: accelerate runs fp32 there, without "
                          "autocast or loss scaling. Use bf16=True for mixed precision on the CPU, or train on a GPU.")
-    config, tokenizer = trainer.accelerator.unwrap_model(trainer.model).config, trainer.processing_class
     if args.ddp_find_unused_parameters and args.world_size > 1 and args.fgsm_mode == "previous":
         raise ValueError("ddp_find_unused_parameters=True: DDP then hands the loss copies of the model's outputs, and "
                          "fgsm_mode 'previous' reads no gradient on them. Every MoCoSE parameter is used each step: "
                          "leave ddp_find_unused_parameters False (or use fgsm_mode 'exact' or 'off').")
+    config, tokenizer = trainer.accelerator.unwrap_model(trainer.model).config, trainer.processing_class
     check_length_fits_encoder("max_seq_length", config.max_seq_length, config, tokenizer, "for training")
     if args.eval_max_seq_length is not None:
         check_length_fits_encoder("eval_max_seq_length", args.eval_max_seq_length, config, tokenizer, "for evaluation")
