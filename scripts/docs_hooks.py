@@ -11,7 +11,9 @@
   and the table of its fields, each with its type, default and help. Its method settings are made by
   `make_dataclass` from `hf_mocose.models.settings`, and its docstring is completed at import time, neither of
   which a static reader of the source (mkdocstrings' griffe) sees, so the section reads the class itself;
-- on every page, a list right after a paragraph line starts a list, as on GitHub (`lists_after_paragraphs`).
+- on every page, a list right after a paragraph line starts a list, as on GitHub (`lists_after_paragraphs`);
+- `404.html`, which MkDocs writes with links from the server's root, gets links relative to the site's folder, so it
+  works opened from disk as the other pages do (`relative_404`).
 """
 
 from __future__ import annotations
@@ -156,3 +158,14 @@ def on_page_content(html_text: str, page, **_) -> str:
 
     html_text = html_text.replace("<p>::</p>", "")  # RST's literal-block marker: the indented block is code already
     return re.sub(r"\[<code>~?([\w.]+)</code>\]", name, html_text)
+
+
+def relative_404(html_text: str) -> str:
+    """404.html's root-absolute links (`/api.html`, `/assets/...`) and its base (`"base": "/"`) relative to the site's
+    folder, where the page lies."""
+    html_text = re.sub(r'\b(href|src)="/(?!/)', r'\1="./', html_text)
+    return html_text.replace('"base": "/"', '"base": "."')
+
+
+def on_post_template(output_content: str, template_name: str, **_) -> str:
+    return relative_404(output_content) if template_name == "404.html" else output_content

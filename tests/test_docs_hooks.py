@@ -63,3 +63,26 @@ def test_docstring_cross_references_become_names_linked_where_documented():
 def test_a_list_after_a_paragraph_line_starts_a_list_as_on_github():
     text = "Against the field:\n- **one**\n- two\n  more\n\n```\nnot a list:\n- kept\n```\n"
     assert docs_hooks.lists_after_paragraphs(text) == text.replace(":\n- **one**", ":\n\n- **one**")
+
+
+def test_the_build_installs_nothing_and_names_what_is_missing(tmp_path):
+    """Without MkDocs (hidden from the path finder, as in a virtualenv without the `docs` extra) the build stops in
+    one line naming it and the install command, status 2, and writes no site: it never installs into the caller's
+    environment."""
+    import os
+    import subprocess
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.machinery as machinery\n"
+        "_find = machinery.PathFinder.find_spec.__func__\n"
+        "def find_spec(cls, fullname, path=None, target=None):\n"
+        "    return None if fullname.partition('.')[0] in {'mkdocs', 'material'} else _find(cls, fullname, path, target)\n"
+        "machinery.PathFinder.find_spec = classmethod(find_spec)\n")
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SITE_DIR": str(site)}
+    build = subprocess.run(["bash", "scripts/build_docs.sh"], cwd=Path(__file__).resolve().parents[1], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 2, build.stdout + build.stderr
+    assert build.stderr.startswith("build_docs.sh: ") and build.stderr.count("\n") == 1, build.stderr
+    assert "cannot import mkdocs, material" in build.stderr and 'pip install -e ".[docs]"' in build.stderr
+    assert not site.exists()

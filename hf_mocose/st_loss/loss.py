@@ -83,11 +83,9 @@ class MoCoSELoss(nn.Module):
            `max_grad_norm > 0` (bf16 works).
 
     Inputs:
-        +-------------------------------------------------+--------+
-        | Texts                                           | Labels |
-        +=================================================+========+
-        | single sentences, or (anchor, positive) pairs   | none   |
-        +-------------------------------------------------+--------+
+        | Texts | Labels |
+        | --- | --- |
+        | single sentences, or (anchor, positive) pairs | none |
 
     Relations:
         * `MoCoSETrainer` trains the same method on a `MoCoSEModel`; both run `ContrastiveObjective`.
