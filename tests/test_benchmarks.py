@@ -221,7 +221,7 @@ def test_benchmark_quality_budget_curve_and_merge(tiny_encoder, corpus, sts_dev,
 
 
 def test_benchmark_quality_runs_the_field_in_one_command(tiny_encoder, corpus, sts_dev, tmp_path):
-    """Issue 36: this library's methods and sentence-transformers' own unsupervised recipes, one command, one table."""
+    """This library's methods and sentence-transformers' own unsupervised recipes, one command, one table."""
     senteval = _senteval_with_stsb_dev(tmp_path, sts_dev)
     variants = ["mocose", "simcse", "esimcse", "st_mnrl", "st_tsdae", "st_ct", "st_cmnrl"]
     summary = quality.main([
@@ -238,7 +238,7 @@ def test_benchmark_quality_runs_the_field_in_one_command(tiny_encoder, corpus, s
 
 
 def test_benchmark_quality_matryoshka_variants_scored_at_each_width(tiny_encoder, corpus, sts_dev, tmp_path):
-    """Issue 54: the Matryoshka variants train (at --matryoshka_dims) and --truncate_dims scores every variant and the
+    """The Matryoshka variants train (at --matryoshka_dims) and --truncate_dims scores every variant and the
     start at each width, the first d entries of the same embeddings."""
     from sentence_transformers import SentenceTransformer
 

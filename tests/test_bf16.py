@@ -188,7 +188,7 @@ def test_auto_bf16_on_a_simulated_gpu_turns_bf16_on_and_says_so(monkeypatch, cap
     monkeypatch.setattr(transformers.TrainingArguments, "device", property(lambda self: on_cpu(self) and
                                                                            torch.device("cuda", 0)))
     monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # so bf16 does not mean the CPU (issue 45)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # so bf16 does not mean the CPU
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"output_dir: {tmp_path}\nbf16: auto\n")
     args = parse_args([str(recipe)])[1]

@@ -1,5 +1,5 @@
 """Checkpoints of earlier versions still load, export and resume: those written before the modules moved into
-sub-packages (issue 29).
+sub-packages.
 
 `tests/fixtures/saved_before_move/` was written by `tests/fixtures/make_saved_before_move.py` run at the commit
 before the move (da726eb): a `MoCoSETrainer` checkpoint and final model, and a `MoCoSELoss` checkpoint, from a tiny

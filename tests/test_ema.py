@@ -87,7 +87,7 @@ def test_target_not_optimised_and_gets_no_gradient(tiny_encoder, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(target_before, targets))
 
 
-# ----------------------------------------------------------------------------- schedule horizon (issue 11)
+# ----------------------------------------------------------------------------- schedule horizon
 def test_horizon_fixes_the_ramp_length_whatever_the_run_length():
     # The reference code's schedule: 0.75 -> 1.0 over 15,000 steps, for runs of any length.
     for total in (1000, 15000, 15625):

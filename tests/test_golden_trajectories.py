@@ -1,7 +1,6 @@
 """Golden trajectories ("record before you move"): every method under both front ends, in 1 and 2 processes,
-reproduces the runs recorded by main ed2dd22, before the branches were built once (issue 43). First recorded by
-main 06fdda5 (issue 34); re-recorded at ed2dd22, with the ESimCSE cases and SimCSE/IFCL under `MoCoSELoss` added,
-because the CPU the fixtures came from and this one round float32 sums differently (every case differed from the
+reproduces the recorded runs (tests/fixtures), with the ESimCSE cases and SimCSE/IFCL under `MoCoSELoss`. They were
+re-recorded once because the CPU the fixtures came from and this one round float32 sums differently (every case differed from the
 first step by ~1e-6 with the same library versions) and no MKL/oneDNN/ATen ISA setting made them agree.
 
 The float32 kernels that torch picks depend on the CPU's instruction sets, so the runs are bit-identical only on

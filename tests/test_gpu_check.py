@@ -1,8 +1,8 @@
-"""scripts/gpu_check/, the one-GPU acceptance run (issues 27, 35 and 44), in its `--tiny` form on the CPU.
+"""scripts/gpu_check/, the one-GPU acceptance check, in its `--tiny` form on the CPU.
 
 The whole run goes through scripts/gpu_check/device.sh, the command prepared for the GPU machine (no wheels to
-install here); another run of it hides the carried packages and must end in one line and a report; the other tests
-show that the checks fail when what they check is broken, and check the carry, the verdict (what ran out of time
+install here); another run of it hides the bundled packages and must end in one line and a report; the other tests
+show that the checks fail when what they check is broken, and check the bundle, the verdict (what ran out of time
 is "not measured", never a failure), the plan and its time budget, and the TF32 flags (new API only).
 """
 
@@ -22,15 +22,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 DEVICE_SCRIPT = REPO / "scripts" / "gpu_check" / "device.sh"
 sys.path.insert(0, str(REPO))  # scripts/ is a package of the repository root
-from scripts.gpu_check.carry import checkout_commit  # noqa: E402  (no torch, nothing heavy)
+from scripts.gpu_check.bundle import checkout_commit  # noqa: E402  (no torch, nothing heavy)
 CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "gpu_against_cpu", "fsdp2_world1",
           "quickstart_user_path", "torch_compile")
 SECTIONS = ("setup", "ema_queue", "export", "reference", "gpu_cpu", "fsdp2", "user_path", "compile", "throughput")
 VARIANTS = ("plain", "mocose_previous")
-# Makes the carried packages absent for a Python started with this file's folder on PYTHONPATH: the path finder
-# does not find them (as on the device without the wheels), so `import datasets` raises ModuleNotFoundError and
+# Makes the bundled packages absent for a Python started with this file's folder on PYTHONPATH: the path finder
+# does not find them (as on a node without the wheels), so `import datasets` raises ModuleNotFoundError and
 # `importlib.util.find_spec` returns None, as it would.
-HIDE_CARRIED = """import importlib.machinery as machinery
+HIDE_BUNDLED = """import importlib.machinery as machinery
 HIDDEN = {"datasets", "dill", "multiprocess"}
 _find = machinery.PathFinder.find_spec.__func__
 def find_spec(cls, fullname, path=None, target=None):
@@ -129,12 +129,12 @@ def test_tiny_run_passes_every_check_and_writes_json_table_and_log(tiny_run):
         assert "STS-B dev Spearman" in (report / log).read_text()
 
 
-def test_without_the_carried_packages_the_device_script_ends_in_one_line_and_a_report(tmp_path):
+def test_without_the_bundled_packages_the_node_script_ends_in_one_line_and_a_report(tmp_path):
     """datasets, dill and multiprocess hidden, no wheels to install: nothing runs, the last line names them, the
-    wheels and the carry entry, and gpu_check.json says so (exit status 3)."""
+    wheels and the bundle, and gpu_check.json says so (exit status 3)."""
     hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "sitecustomize.py").write_text(HIDE_CARRIED)
+    (hide / "sitecustomize.py").write_text(HIDE_BUNDLED)
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(hide), "GPU_CHECK_OUTPUT": str(out),
            "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable}
@@ -142,8 +142,8 @@ def test_without_the_carried_packages_the_device_script_ends_in_one_line_and_a_r
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("gpu_check: stopped before any work: cannot import datasets, dill, multiprocess")
-    for name in ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", '".gpu_carry"',
-                 "scripts/gpu_check/carry.py", f"none in {tmp_path / 'no-wheels'}", str(out / "gpu_check.json")):
+    for name in ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", '".gpu_bundle"',
+                 "scripts/gpu_check/bundle.py", f"none in {tmp_path / 'no-wheels'}", str(out / "gpu_check.json")):
         assert name in lines[-1], name
     assert "Traceback" not in proc.stdout + proc.stderr
     results = json.loads((out / "gpu_check.json").read_text())
@@ -275,18 +275,18 @@ def test_flop_count_of_bert_base_is_the_documented_one():
     assert round(989e12 / (4 * forward)) == 45_172
 
 
-def test_carry_writes_a_float16_copy_with_checksums_that_catch_a_damaged_file(tmp_path, tiny_encoder):
+def test_the_bundle_holds_a_float16_copy_with_checksums_that_catch_a_damaged_file(tmp_path, tiny_encoder):
     from safetensors import safe_open
     from transformers import AutoModel
 
-    from scripts.gpu_check import carry
+    from scripts.gpu_check import bundle
 
     sts = tmp_path / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv"
     sts.parent.mkdir(parents=True)
     sts.write_text("g\tf\t0\t0000\t4.0\tA cat sits.\tA cat is sitting.\n", encoding="utf-8")
-    folder = tmp_path / "carry"
-    manifest = carry.prepare(folder, tmp_path / "senteval", model=Path(tiny_encoder), wheels=False)
-    model_dir = folder / carry.MODEL_DIR
+    folder = tmp_path / "bundle"
+    manifest = bundle.prepare(folder, tmp_path / "senteval", model=Path(tiny_encoder), wheels=False)
+    model_dir = folder / bundle.MODEL_DIR
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         dtypes = {f.get_tensor(name).dtype for name in f.keys()}
     assert torch.float16 in dtypes and torch.float32 not in dtypes
@@ -295,17 +295,17 @@ def test_carry_writes_a_float16_copy_with_checksums_that_catch_a_damaged_file(tm
     for (name, a), (_, b) in zip(original.state_dict().items(), rounded.state_dict().items()):
         assert b.dtype == a.dtype and torch.equal(b, a.half().to(a.dtype) if a.is_floating_point() else a), name
     assert manifest["model"]["largest_rounding_error"] <= manifest["model"]["largest_abs_weight"] * 2**-11
-    assert {carry.STS_FILE, carry.CORPUS_FILE, f"{carry.MODEL_DIR}/model.safetensors"} <= set(manifest["files"])
-    written = json.loads((folder / carry.MANIFEST).read_text())  # the commit, for a device without .git
+    assert {bundle.STS_FILE, bundle.CORPUS_FILE, f"{bundle.MODEL_DIR}/model.safetensors"} <= set(manifest["files"])
+    written = json.loads((folder / bundle.MANIFEST).read_text())  # the commit, for a node without .git
     assert written["git_commit"] == (checkout_commit(REPO) or {}).get("git_commit")
-    assert carry.verify_checksums(folder)["ok"]
+    assert bundle.verify_checksums(folder)["ok"]
     with (model_dir / "model.safetensors").open("r+b") as f:
         f.seek(-1, 2)
         last = f.read(1)
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 1]))
-    verified = carry.verify_checksums(folder)
-    assert not verified["ok"] and verified["mismatched"] == [f"{carry.MODEL_DIR}/model.safetensors"]
+    verified = bundle.verify_checksums(folder)
+    assert not verified["ok"] and verified["mismatched"] == [f"{bundle.MODEL_DIR}/model.safetensors"]
 
 
 def test_user_path_check_needs_the_same_inputs_steps_and_a_score_within_tolerance():

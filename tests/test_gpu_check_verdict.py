@@ -1,4 +1,4 @@
-"""scripts/gpu_check/ (issue 44): time-outs are data. What ran out of time is "not measured", with its reason and
+"""scripts/gpu_check/: time-outs are data. What ran out of time is "not measured", with its reason and
 seconds, never a failure; only the selected sections' checks are expected; an interrupted section says so; the exit
 status tells the cases apart. Also: the budget shared out from the sections' own estimates, preflight reading data
 through `datasets`, the commit named where `.git` did not travel, and TF32 set and read through torch's new API only.
@@ -183,16 +183,16 @@ def test_preflight_stops_in_one_line_when_datasets_cannot_read_data(tmp_path, mo
     assert "datasets cannot read data" in (tmp_path / "out" / "gpu_check.md").read_text()
 
 
-def test_without_git_the_report_names_the_commit_carry_wrote(tmp_path, monkeypatch):
-    from scripts.gpu_check import carry, run
+def test_without_git_the_report_names_the_commit_the_bundle_recorded(tmp_path, monkeypatch):
+    from scripts.gpu_check import bundle, run
 
-    assert carry.checkout_commit(tmp_path) is None  # no checkout there
-    assert carry.checkout_commit(REPO / "scripts") is None  # inside a checkout is not the top of one
-    (tmp_path / carry.MANIFEST).write_text(json.dumps({"git_commit": "0123abc", "git_dirty": True}))
-    monkeypatch.setattr(carry, "checkout_commit", lambda repo: None)  # as on the device: .git did not travel
-    assert run.git_commit(tmp_path) == ("0123abc", f"{tmp_path / carry.MANIFEST} (uncommitted changes)")
-    (tmp_path / carry.MANIFEST).unlink()
-    assert run.git_commit(tmp_path) == (None, f"no .git here and no {tmp_path / carry.MANIFEST}")
+    assert bundle.checkout_commit(tmp_path) is None  # no checkout there
+    assert bundle.checkout_commit(REPO / "scripts") is None  # inside a checkout is not the top of one
+    (tmp_path / bundle.MANIFEST).write_text(json.dumps({"git_commit": "0123abc", "git_dirty": True}))
+    monkeypatch.setattr(bundle, "checkout_commit", lambda repo: None)  # as on a node given a copy without .git
+    assert run.git_commit(tmp_path) == ("0123abc", f"{tmp_path / bundle.MANIFEST} (uncommitted changes)")
+    (tmp_path / bundle.MANIFEST).unlink()
+    assert run.git_commit(tmp_path) == (None, f"no .git here and no {tmp_path / bundle.MANIFEST}")
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ class CountPushes(TrainerCallback):
 
 
 def test_issue_snippet_trains_and_pushes_with_a_local_folder(fake_hub, tiny_encoder, tmp_path):
-    """The snippet at the top of issue 18: a model folder (str), raw sentences, no processing_class."""
+    """The shortest use, as TRL's trainers take it: a model folder (str), raw sentences, no processing_class."""
     from datasets import Dataset
 
     from hf_mocose import MoCoSETrainer, MoCoSETrainingArguments

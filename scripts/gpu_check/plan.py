@@ -13,8 +13,8 @@ from dataclasses import dataclass
 CHECKS = ("ema_fp32_lerp", "queue_cpu_replay", "export_embeddings", "gpu_against_cpu", "fsdp2_world1",
           "quickstart_user_path", "torch_compile")
 SETUP_S = (25.0, 10.0)  # interpreter start, imports and preflight, the random encoder built and saved
-# The whole run's default budget: on the GPU, what one device call of under 8 minutes leaves (device.sh's timeout is
-# 540 s, the call's 570 s, the tool's limit 600 s); --tiny: a CPU run only needs a bound in case something hangs.
+# The whole run's default budget: on the GPU, a run that ends within 8 minutes (device.sh's timeout is 540 s, a job
+# scheduler's limit can then be 10 minutes); --tiny: a CPU run only needs a bound in case something hangs.
 WINDOW_S = (465.0, 300.0)
 
 

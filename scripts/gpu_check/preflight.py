@@ -1,14 +1,14 @@
 """Before any work: can this Python import everything the gpu_check needs, and can `datasets` read data with the
-image's pyarrow and fsspec?
+node's pyarrow and fsspec?
 
-The device image has torch, transformers, accelerate and sentence-transformers but not `datasets` (which
-`MoCoSETrainer` imports) nor two of its needs; their wheels travel in the carried folder (`scripts/gpu_check/carry.py`)
-and `device.sh` installs them. Without them the run would die at the first trainer with `ModuleNotFoundError`
+A GPU image often has torch, transformers, accelerate and sentence-transformers but not `datasets` (which
+`MoCoSETrainer` imports) nor two of its needs; on an air-gapped node their wheels come in the bundle
+(`scripts/gpu_check/bundle.py`) and `device.sh` installs them. Without them the run would die at the first trainer with `ModuleNotFoundError`
 and leave no result, so run.py calls `missing_modules()` first and, when something is missing, writes its report
 with the failure in it and ends with `stop_line()`: one line naming what is missing, the wheels that bring it and the
-`carry` entry that brings those. Then `exercise_datasets` runs what every trainer of the run does first,
+bundle that holds those. Then `exercise_datasets` runs what every trainer of the run does first,
 `Dataset.from_dict(...).map(...)` and the library's text loader on a two-line file: `datasets` 5.2 needs pyarrow >= 24
-and fsspec <= 2026.9.0, and the image's versions are not known in advance, so a mismatch stops the run here in one
+and fsspec <= 2026.9.0, and the node's versions are not known in advance, so a mismatch stops the run here in one
 line (`stop_line`), not in the middle of a section.
 """
 
@@ -18,7 +18,7 @@ import importlib
 import os
 from pathlib import Path
 
-from scripts.gpu_check.carry import CARRY_ENTRY, WHEELS
+from scripts.gpu_check.bundle import BUNDLE_NAME, WHEELS
 
 # What the run imports, in the order a missing one would first be hit; the last three come as wheels.
 REQUIRED = ("torch", "transformers", "accelerate", "sentence_transformers", "safetensors", "tokenizers", "yaml",
@@ -87,16 +87,16 @@ def stop_line(missing: dict[str, str], report: str, broken: dict[str, str] | Non
                 f"{v.get('pyarrow')} and fsspec {v.get('fsspec')} (datasets 5.2 needs pyarrow >= 24, fsspec <= "
                 f"2026.9.0): {what}; report: {report}")
     wheels = [WHEELS[name] for name in missing if name in WHEELS]
-    # a module of the image that fails only because a carried one is missing (sentence-transformers imports
+    # a module of the node that fails only because a bundled one is missing (sentence-transformers imports
     # datasets) is named as such, not as a broken image
     through = [name for name in missing if name not in WHEELS and _top_missing(missing[name]) in WHEELS]
     others = [name for name in missing if name not in WHEELS and name not in through]
     parts = [f"gpu_check: stopped before any work: cannot import {', '.join(n for n in missing if n not in through)}"
              + (f" (nor {', '.join(through)}, which needs them)" if through else "")]
     if wheels:
-        parts.append(f"the wheels {', '.join(wheels)} must travel in {CARRY_ENTRY}/wheels: run `python "
-                     f"scripts/gpu_check/carry.py` where PyPI is reachable and add \"{CARRY_ENTRY}\" to the run call's "
-                     f"carry (wheels: {wheels_status()})")
+        parts.append(f"the wheels {', '.join(wheels)} must be in {BUNDLE_NAME}/wheels: run `python "
+                     f"scripts/gpu_check/bundle.py` where PyPI is reachable and copy \"{BUNDLE_NAME}\" with the "
+                     f"checkout (wheels: {wheels_status()})")
     if others:
-        parts.append(f"{', '.join(others)} should be in the image: see {report}")
+        parts.append(f"{', '.join(others)} should be installed on the node: see {report}")
     return "; ".join(parts) + f"; report: {report}"

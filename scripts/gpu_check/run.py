@@ -2,14 +2,14 @@
 """One-command acceptance run for one GPU: seven correctness checks, the user's own path, throughput, peak memory and
 the EMA's share of a step, in under 8 minutes.
 
-    bash scripts/gpu_check/device.sh                                  # on the device machine: $OUT/gpu_check
+    bash scripts/gpu_check/device.sh                                  # on the GPU node: outputs/gpu_check
     PYTHONUNBUFFERED=1 python scripts/gpu_check/run.py --output_dir DIR   # on a GPU (cuda when available)
     python scripts/gpu_check/run.py --tiny --output_dir DIR               # the same on the CPU, tiny model
 
 Needs torch, transformers, accelerate, sentence-transformers, datasets and this repository (on PYTHONPATH or
 installed); nothing from the Hub: the encoder is a randomly initialised BERT-base built from `BertConfig()`
 (`--tiny`: hidden 32, 2 layers) and its WordPiece tokenizer is made from Python's own documentation
-(context.py); the user-path check starts from the carried float16 all-MiniLM-L6-v2 (`scripts/gpu_check/carry.py`).
+(context.py); the user-path check starts from the bundled float16 all-MiniLM-L6-v2 (`scripts/gpu_check/bundle.py`).
 Writes DIR/gpu_check.json and DIR/gpu_check.md after every section, so a run cut short still leaves what it measured;
 everything, the imports included, runs inside one guard, so they are written whatever happens. When a package is
 missing it stops before any work with one line that names it (preflight.py).
@@ -24,7 +24,7 @@ the others; `--sections` runs some of them, and the eager reference too when the
   reference   the eager fp32 run that the next three are compared with (equivalence.py)
   gpu_cpu     (f) the reference run again on this machine's CPU: losses and final key queue agree
   fsdp2       (c) FSDP2 (`fully_shard`, torch.distributed with one process) equals the unsharded run
-  user_path   (g) the README's quickstart through `accelerate launch` from the carried MiniLM, as a user gets it
+  user_path   (g) the README's quickstart through `accelerate launch` from the bundled MiniLM, as a user gets it
               (`bf16: auto`: bf16 on a GPU with native bf16): STS-B dev Spearman against the committed CPU run of
               the same job, and the training step time of both precisions (user_path.py)
   compile     (d) `torch_compile=True` trains and its losses and state match the eager run
@@ -128,8 +128,8 @@ def run_section(section, ctx, results: dict, state: dict, seconds: float) -> Non
         results["checks"].update(check_fsdp(ctx, state["reference"], Path(__file__).resolve(), seconds - 5))
     elif name == "user_path":
         try:
-            results["checks"].update(check_user_path(ctx, state["carry_dir"], seconds - 2))
-        finally:  # the launches' logs come back with the report (the device returns what is under $OUT)
+            results["checks"].update(check_user_path(ctx, state["bundle_dir"], seconds - 2))
+        finally:  # the launches' logs beside the report
             for log in ctx.workdir.glob("quickstart-device*.log"):
                 shutil.copyfile(log, state["output_dir"] / log.name.replace("quickstart-device", "quickstart"))
     elif name == "compile":
@@ -218,8 +218,8 @@ def parse_args(argv=None):
                         "measure or that failed")
     parser.add_argument("--variants", nargs="+", default=None, help="throughput variants (default: all of "
                         "throughput.VARIANTS)")
-    parser.add_argument("--carry_dir", default=str(REPO / ".gpu_carry"), help="what scripts/gpu_check/carry.py wrote "
-                        "(the user-path check's model, corpus and STS-B dev; default .gpu_carry)")
+    parser.add_argument("--bundle_dir", default=str(REPO / ".gpu_bundle"), help="what scripts/gpu_check/bundle.py wrote "
+                        "(the user-path check's model, corpus and STS-B dev; default .gpu_bundle)")
     parser.add_argument("--work_dir", default=None, help="for the encoder, checkpoints and exports (default: a "
                         "temporary folder, removed at the end)")
     parser.add_argument("--_fsdp_child", default=None, help=argparse.SUPPRESS)
@@ -229,23 +229,23 @@ def parse_args(argv=None):
     return args
 
 
-def git_commit(carry_dir: Path) -> tuple[str | None, str]:
-    """(the commit this run's code is, where that was read): this checkout's `git rev-parse HEAD`; where `.git` did
-    not travel (the device), the commit `carry.py` wrote into the carry's manifest; else (None, why)."""
-    from scripts.gpu_check.carry import MANIFEST, checkout_commit
+def git_commit(bundle_dir: Path) -> tuple[str | None, str]:
+    """(the commit this run's code is, where that was read): this checkout's `git rev-parse HEAD`; on a node given a
+    copy of the checkout without `.git`, the commit `bundle.py` wrote into the bundle's manifest; else (None, why)."""
+    from scripts.gpu_check.bundle import MANIFEST, checkout_commit
 
     commit = checkout_commit(REPO)
     if commit:
         return commit["git_commit"], "git" + (" (uncommitted changes)" if commit["git_dirty"] else "")
-    manifest = carry_dir / MANIFEST
+    manifest = bundle_dir / MANIFEST
     try:
-        carried = json.loads(manifest.read_text(encoding="utf-8"))
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None, f"no .git here and no {manifest}"
-    if not carried.get("git_commit"):
+    if not recorded.get("git_commit"):
         return None, f"no .git here, and {manifest} names no commit"
-    dirty = " (uncommitted changes)" if carried.get("git_dirty") else ""
-    return carried["git_commit"], f"{manifest.relative_to(REPO) if manifest.is_relative_to(REPO) else manifest}{dirty}"
+    dirty = " (uncommitted changes)" if recorded.get("git_dirty") else ""
+    return recorded["git_commit"], f"{manifest.relative_to(REPO) if manifest.is_relative_to(REPO) else manifest}{dirty}"
 
 
 def check_input(args) -> None:
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     sections = selected_sections(args.sections)
     budget = args.time_budget or default_budget(sections, args.tiny)
-    commit, commit_source = git_commit(Path(args.carry_dir))
+    commit, commit_source = git_commit(Path(args.bundle_dir))
     results = {"schema_version": 3, "checks": {}, "throughput": [], "sections": {}, "meta": {
         "command": "python scripts/gpu_check/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "tiny": args.tiny,
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         "variants": args.variants, "sections": [s.name for s in sections],
         "expected_checks": expected_checks(sections)}}
     state = {"output_dir": output_dir, "workdir": workdir, "variants": args.variants,
-             "carry_dir": Path(args.carry_dir)}
+             "bundle_dir": Path(args.bundle_dir)}
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)
     line = None
     try:  # the guard: whatever happens from here on, the report is written

