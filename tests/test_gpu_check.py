@@ -264,7 +264,7 @@ def test_a_compiled_row_is_estimated_from_the_compile_check_then_from_measured_r
 
 
 def test_flop_count_of_bert_base_is_the_documented_one():
-    """docs/performance.md, section 3: 5.47 GFLOP per sentence of 32 tokens and encoder forward; MoCoSE 4 of them."""
+    """docs/performance.md, "One-GPU acceptance check": 5.47 GFLOP per sentence of 32 tokens and encoder forward; MoCoSE 4 of them."""
     from transformers import BertConfig
 
     from scripts.gpu_check.throughput import FORWARDS_PER_STEP, sentence_flops

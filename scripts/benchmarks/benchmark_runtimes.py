@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Every way to run an exported encoder on the CPU, side by side in one run (docs/performance.md, section 4).
+"""Every way to run an exported encoder on the CPU, side by side in one run (docs/performance.md, "Runtime files on the CPU").
 
 PyTorch fp32 and bf16, the export's runtime files (`onnx/model.onnx`, the int8
 `onnx/model_qint8_<arch>.onnx`, `openvino/openvino_model.xml` at OpenVINO's default precision and with the f32 hint,

@@ -37,7 +37,7 @@ STATE_RTOL = 1e-3  # norm(state - reference state) / norm(reference state - init
 # GPU against CPU, both fp32 with TF32 off: only the kernels' order of summation differs (cuBLAS against oneDNN/MKL,
 # and CUDA's atomic adds in the embedding gradient). Each fp32 sum is then off by ~1e-7 to 1e-6 relative; three SGD
 # steps carry that into the losses at ~1e-6 (measured on the CPU between one and two threads, which also reorders the
-# sums: see docs/performance.md, section 3). 1e-4 leaves two orders of magnitude for the GPU's longer sums.
+# sums: see docs/performance.md, "One-GPU acceptance check"). 1e-4 leaves two orders of magnitude for the GPU's longer sums.
 GPU_CPU_LOSS_RTOL = 1e-4  # per step, relative
 GPU_CPU_QUEUE_RTOL = 1e-4  # norm(device queue - CPU queue) / norm(CPU queue): unit-length keys, fp32
 

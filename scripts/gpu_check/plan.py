@@ -2,8 +2,8 @@
 take, and how the time budget is shared out (run.py runs the sections, verdict.py judges what they left). No torch.
 
 Every figure is a pair, (one GPU, `--tiny` on the CPU). The GPU figures are estimates, written before the one
-H200 run (docs/performance.md, section 3, lists its measured seconds per section beside them). The `--tiny` ones were
-measured on the 2-core development machine under other engineers' load, with room to spare.
+H200 run (docs/performance.md, "One-GPU acceptance check", lists its measured seconds per section). The `--tiny`
+ones were measured on a loaded 2-core CPU, with room to spare.
 """
 
 from __future__ import annotations

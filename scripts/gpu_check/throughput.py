@@ -24,7 +24,7 @@ Per row: `peak_memory_mib` (`torch.cuda.max_memory_allocated`) and `peak_memory_
 `ema_ms`, the median EMA update (`EMATargetCallback.update`), and `ema_share` = ema_ms / ms_per_step. On CUDA the
 update is timed with CUDA events around it, not with `train_variants.time_ema`'s synchronisations: those would stall
 the queue of kernels in the middle of the very step it is compared with. `model_tflop_per_s` counts the encoder's
-matrix products only (`sentence_flops`; docs/performance.md, section 3, has the arithmetic).
+matrix products only (`sentence_flops`; docs/performance.md, "One-GPU acceptance check", has the arithmetic).
 
 Rows run in order of what the performance goal needs first (`plan`); a row that would not end before the section's
 deadline is not measured, with its reason, and so is a row the deadline cuts off, with the seconds it had run

@@ -15,7 +15,7 @@ from __future__ import annotations
 from scripts.gpu_check.plan import NAMES, default_budget, selected_sections
 
 FAILED_EXIT, NOT_MEASURED_EXIT, PREFLIGHT_EXIT = 1, 2, 3
-GOAL_SENTENCES_PER_S = 7000  # MoCoSE BERT-base, bf16, length 32, one H100 (docs/performance.md, section 3)
+GOAL_SENTENCES_PER_S = 7000  # MoCoSE BERT-base, bf16, length 32, one H100 (docs/performance.md, "One-GPU acceptance check")
 
 
 def not_measured(why: str, seconds: float | None = None) -> dict:

@@ -6,7 +6,7 @@ folder) and each `alpha`, the encoder's weights become `alpha * start + (1 - alp
 interpolation, as WiSE-FT, Wortsman et al. 2022) and the result is scored on the STS sets of
 `scripts/benchmarks/benchmark_quality.py` with the model's own pooling. `alpha = 0` is the trained model, `1`
 the start.
-docs/quality.md, section 8, uses it to ask how far an adaptation run should go: a run that moves half as
+docs/quality.md, "Adapting a deployed model", uses it to ask how far an adaptation run should go: a run that moves half as
 far (a lower encoder rate) lies near `alpha = 0.5` of one that moves the whole way.
 
     HF_HUB_OFFLINE=1 python scripts/research/score_interpolations.py \\
