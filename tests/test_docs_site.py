@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -237,7 +238,7 @@ def test_the_404_page_links_relative_to_the_site(site):
 
 def test_search_works_over_http(browser, site):
     """Served (`python -m http.server`), the browser's own Worker runs the search."""
-    server = subprocess.Popen(["python", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(site)],
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(site)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         port = re.search(r"port (\d+)", server.stdout.readline()).group(1)
