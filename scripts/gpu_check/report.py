@@ -45,7 +45,7 @@ def header(results: dict) -> list[str]:
         lines.append(f"- not measured (out of time, not failures): {_cell('; '.join(results['not_measured'])[:1500])}")
     if results.get("rerun"):
         lines.append(f"- to run again only what failed or was not measured: `{results['rerun']['command']}` (budget "
-                     f"{_number(results['rerun']['budget_s'], 0)} s; docs/performance.md, "One-GPU acceptance check")")
+                     f"{_number(results['rerun']['budget_s'], 0)} s; docs/performance.md, 'One-GPU acceptance check')")
     preflight = results.get("preflight") or {}
     if preflight.get("status") == "failed":
         broken = "; ".join(f"{what}: {error}" for what, error in (preflight.get("broken") or {}).items())
