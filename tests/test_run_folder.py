@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -306,7 +307,8 @@ def test_none_unsets_an_optional_path_of_a_recipe():
 def test_a_resume_at_another_learning_rate_or_weight_decay_is_refused_naming_both_values(tiny_encoder, tmp_path,
                                                                                         capsys, caplog):
     corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
-    assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5")) == 0
+    assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5", steps=4)) == 0
+    shutil.rmtree(out / "checkpoint-4")  # as if stopped after step 2
     capsys.readouterr()
     resume = ["--resume_from_checkpoint", "last", "--max_steps", "4"]
     assert cli_main(train_argv(tiny_encoder, corpus, out, *resume, "--learning_rate", "1e-4", "--weight_decay",

@@ -236,6 +236,24 @@ def resumed_step(checkpoint: str | os.PathLike | None) -> int:
     return int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step", 0))
 
 
+def check_planned_length(checkpoint: str | os.PathLike, max_steps: int, onward: str) -> None:
+    """Refuses to resume `checkpoint` for `max_steps` optimizer steps when its run planned another number (its
+    trainer_state.json's `max_steps`) and steps are left to train: the learning-rate schedule and the EMA decay ramp
+    are laid out over the planned length, and the optimizer state holds the rate the old one reached (0 at its end),
+    so the resumed steps would follow neither plan. `onward`: how this front end starts a new run from its model."""
+    if not (path := Path(checkpoint) / TRAINER_STATE_NAME).is_file():
+        return  # MoCoSELoss state loaded from a folder without the Trainer's
+    state = json.loads(path.read_text(encoding="utf-8"))
+    planned, step = state.get("max_steps") or 0, state.get("global_step", 0)
+    if planned <= 0 or max_steps <= step or planned == max_steps:
+        return
+    finish = "it finished there" if step >= planned else f"resume with max_steps {planned} to finish it"
+    raise ValueError(f"Cannot resume {checkpoint} (step {step}) with max_steps {max_steps}: its run planned {planned}, "
+                     f"and its learning-rate schedule and EMA decay ramp are laid out over {planned} steps (resumed, "
+                     f"both would jump onto schedules rebuilt for {max_steps}). {finish[0].upper()}{finish[1:]}; to "
+                     f"train further, start a new run from its model: {onward}.")
+
+
 def prepare_resume(value, args, model) -> str | None:
     """What `MoCoSETrainer.train` does with `resume_from_checkpoint` before `Trainer.train`: resolves and checks
     it, refuses one that does not fit `model` (warning about changed fields), and removes the interrupted

@@ -28,6 +28,7 @@ from torch import nn
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
 from ..compat import get_world_size
+from ..launch.checkpoints import check_planned_length
 from ..launch.preflight import preflight
 from ..launch.run_folder import failed_save_sentence, release_run_folder, tensor_bytes
 from ..models.ema import EMATargetCallback
@@ -118,10 +119,13 @@ class MoCoSELossCallback(EMATargetCallback):
         check_training_datasets(loss, dataset, args)
         if state.global_step > 0:
             self._restore(args, state)
+            checkpoint = Path(loss._restored["folder"]).parent  # the checkpoint resumed (or loaded by load_state)
+            onward = f"SentenceTransformer({str(checkpoint)!r}), a new MoCoSELoss and a fresh output_dir"
             if 0 < state.max_steps <= state.global_step:  # the Trainer would train one step more and save it
                 raise ValueError(f"This run finished at step {state.global_step} (max_steps {state.max_steps}): nothing "
-                                 "trained or saved, the model and loss hold it as it ended. Raise max_steps to train "
-                                 "further.")
+                                 "trained or saved, the model and loss hold it as it ended. To train further, start a "
+                                 f"new run from its model: {onward}.")
+            check_planned_length(checkpoint, state.max_steps, onward)
         loss._restored = None
         if get_world_size() > 1:
             broadcast_from_first_rank(*loss.state_modules().values())

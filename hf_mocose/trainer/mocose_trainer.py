@@ -32,7 +32,7 @@ from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
-from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume, resumed_step
+from ..launch.checkpoints import RecordTrainBatchSize, check_planned_length, prepare_resume, resumed_step
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import check_room_for_a_save, failed_save_sentence, release_run_folder, tensor_bytes
 from ..launch.sharding import configure_sharding
@@ -43,6 +43,8 @@ from .training_args import MoCoSETrainingArguments
 
 OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # checkpoints of 0.1 still load
 logger = logging.getLogger(__name__)
+# Training a checkpoint's model further (its target, queue and heads) on a new schedule.
+NEW_RUN_HINT = "--model_name_or_path {} and a fresh --output_dir"
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
 
@@ -245,6 +247,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         max_steps = self.args.max_steps if resume is None or self.args.max_steps > 0 else \
             planned_max_steps(self, self.get_train_dataloader())
+        if resume is not None:
+            check_planned_length(resume, max_steps, onward=NEW_RUN_HINT.format(resume))
         if self.args.save_strategy != "no" and self.args.should_save:
             check_room_for_a_save(self.args.output_dir, self.state_bytes)
         step = resumed_step(resume)
@@ -255,7 +259,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         best = self.state.best_model_checkpoint if self.args.load_best_model_at_end else None
         self._load_from_checkpoint(best if best and os.path.isdir(best) else resume)
         logger.warning("This run finished at step %d (%s, max_steps %d): nothing trained, the model loaded as it "
-                       "ended. Raise --max_steps to train further.", step, resume, max_steps)
+                       "ended. To train further, start a new run from its model: %s.", step, resume, max_steps,
+                       NEW_RUN_HINT.format(resume))
         return TrainOutput(step, float("nan"), {})
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
