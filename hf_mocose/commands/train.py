@@ -32,7 +32,7 @@ from ..trainer.training_args import MoCoSETrainingArguments
 from ..launch.checkpoints import remove_temporary_files
 from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
-from ..launch.run_folder import failed_save_sentence, release_run_folder
+from ..launch.run_folder import release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
@@ -363,10 +363,8 @@ def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments,
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
         export_dir = None
-        if script_args.export_sentence_transformers:  # a write that fails is one line, as the saves' (no push here)
-            with failed_save_sentence(Path(args.output_dir) / "sentence-transformers", args.output_dir,
-                                      trainer.state_bytes):
-                export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+        if script_args.export_sentence_transformers:  # a write that fails is one line, naming final_dir to export
+            export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:

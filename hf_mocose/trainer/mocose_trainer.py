@@ -32,7 +32,8 @@ from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
-from ..launch.checkpoints import RecordTrainBatchSize, check_planned_length, prepare_resume, resumed_step
+from ..launch.checkpoints import (RecordTrainBatchSize, check_planned_length, checkpoint_step, prepare_resume,
+                                 resumed_step)
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import check_room_for_a_save, failed_save_sentence, release_run_folder, tensor_bytes
 from ..launch.sharding import configure_sharding
@@ -219,7 +220,9 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`);
         a write that fails is one line (`failed_save_sentence`)."""
-        with failed_save_sentence(output_dir or self.args.output_dir, self.args.output_dir, self.state_bytes):
+        folder = output_dir or self.args.output_dir  # a checkpoint's (the state), or the final model's (its tensors)
+        size = self.state_bytes if checkpoint_step(folder) is not None else tensor_bytes(self.accelerator.unwrap_model(self.model))
+        with failed_save_sentence(folder, self.args.output_dir, size):
             super().save_model(output_dir, _internal_call)
             complete_sharded_save(self, output_dir or self.args.output_dir)
 
