@@ -37,6 +37,7 @@ from ..launch.checkpoints import (RecordTrainBatchSize, check_planned_length, ch
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import check_room_for_a_save, failed_save_sentence, release_run_folder, tensor_bytes
 from ..launch.sharding import configure_sharding
+from ..launch.stop_request import StopOnRequestCallback, refuse_jit_checkpoint
 from .inputs import prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .checks import check_trainer_switches
@@ -94,6 +95,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
                  train_dataset: Dataset | None = None, eval_dataset: Dataset | None = None, processing_class=None,
                  data_collator=None, **kwargs):
+        refuse_jit_checkpoint(args)  # before the model loads; its SIGTERM handler is installed by Trainer.__init__
         model, processing_class, train_dataset, self.training_data = prepare_trainer_inputs(
             model, args, train_dataset, processing_class, eval_dataset)  # training_data: for the card (_save)
         config = model.config
@@ -127,6 +129,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one
+        self.stop_on_request = StopOnRequestCallback()  # SIGTERM/SIGUSR1/SIGINT: a checkpoint, then exit status 75
+        self.add_callback(self.stop_on_request)
         self.ema_callback, self.finished_at_step = None, None
         if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
@@ -238,13 +242,16 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` after `launch.preflight` and `prepare_resume` ("last" = newest complete). A checkpoint
-        at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`."""
+        at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`.
+        A run stopped on request (`launch.stop_request`) raises `StopRequested` (exit status 75) once saved."""
         rows = len(self.train_dataset) if has_length(self.train_dataset) else None
         preflight(self.args, resume_from_checkpoint, rows)  # takes output_dir's lock, given back when train ends
         try:
-            return self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
+            output = self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
         finally:
             release_run_folder(self.args.output_dir)
+        self.stop_on_request.end_run(self.args)
+        return output
 
     def _train_holding_folder(self, resume_from_checkpoint, *args, **kwargs):
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
