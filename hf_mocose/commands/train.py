@@ -35,7 +35,8 @@ from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import failed_save_sentence, release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
-from ..launch.stop_request import install_stop_handlers, refuse_jit_checkpoint, requested_signal
+from ..launch.stop_request import (install_stop_handlers, refuse_jit_checkpoint, requested_signal,
+                                    restore_handlers)
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
 
@@ -295,7 +296,15 @@ def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | No
 def main(argv: list[str] | None = None) -> str:
     """Trains, saves the final checkpoint and returns its folder. SIGTERM, SIGUSR1 or SIGINT from here on is a stop
     request (`launch.stop_request`): a checkpoint of the step, then exit status 75 (`StopRequested`)."""
-    install_stop_handlers()  # kept to the end: a request after the last step lets the final save and export finish
+    installed = install_stop_handlers()  # to the end: a request after the last step lets the final save and export end
+    try:
+        return _main(argv)
+    finally:
+        if installed:  # called in-process (tests, notebooks): the caller's handlers again
+            restore_handlers()
+
+
+def _main(argv: list[str] | None) -> str:
     script_args, args = parse_args(argv)
     refuse_jit_checkpoint(args)
     # hf-mocose's own INFO lines (resume choices, export length...); other libraries' only from WARNING up.
