@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import SENTEVAL_DIR, make_st_trainer, needs_senteval
+from conftest import SENTEVAL_DIR, make_st_trainer, make_trainer, needs_senteval
 from datasets import Dataset
 from safetensors.torch import load_file
 from test_fault_injection import subprocess_env, train_argv
@@ -139,6 +139,20 @@ def test_enable_jit_checkpoint_is_refused_before_the_model_loads(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "train.py: error: enable_jit_checkpoint=True is refused: transformers' SIGTERM checkpoint")
     assert "hf-mocose itself stops on SIGTERM, SIGUSR1 or SIGINT" in proc.stderr
+
+
+class FailAtStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        raise RuntimeError("a failure mid-training")
+
+
+def test_moco_se_trainer_gives_back_the_script_s_handlers_after_train_even_when_it_raised(tiny_encoder, tmp_path):
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    trainer = make_trainer(tiny_encoder, tmp_path, max_steps=2)
+    trainer.add_callback(FailAtStep())
+    with pytest.raises(RuntimeError, match="a failure mid-training"):
+        trainer.train()
+    assert {signum: signal.getsignal(signum) for signum in before} == before
 
 
 # ----------------------------------------------------------------------------- the sentence-transformers front end
