@@ -4,7 +4,7 @@
 
 The moment, from the environment (each unset: not sent):
     STOP_AT_STEP="RANK:STEP:SIGNAL"    the process of rank RANK signals itself as optimizer step STEP+1 begins
-    STOP_IN_SAVE="FOLDER:SIGNAL"       signals itself while writing the weights of the checkpoint folder FOLDER
+    STOP_IN_SAVE="FOLDER:SIGNAL[,...]" signals itself while writing the weights of the folder FOLDER (checkpoint-N, final)
     STOP_IN_EVALUATION="STEP:SIGNAL"   signals itself inside the evaluation at step STEP
 """
 
@@ -34,12 +34,12 @@ if at_step := os.environ.get("STOP_AT_STEP"):
     StopOnRequestCallback.on_step_begin = on_step_begin
 
 if in_save := os.environ.get("STOP_IN_SAVE"):
-    folder_name, name = in_save.split(":")
+    signal_in = dict(entry.split(":") for entry in in_save.split(","))
     real_save = modeling_utils.safe_save_file
 
     def save_with_signal(tensors, filename, metadata=None):
-        if Path(filename).parent.name == folder_name:
-            _send(name)  # the handler runs now, in the middle of this checkpoint's save
+        if name := signal_in.get(Path(filename).parent.name):
+            _send(name)  # the handler runs now, in the middle of this folder's save
         return real_save(tensors, filename, metadata=metadata)
 
     modeling_utils.safe_save_file = save_with_signal

@@ -35,7 +35,7 @@ from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
-from ..launch.stop_request import install_stop_handlers, refuse_jit_checkpoint, requested_signal
+from ..launch.stop_request import install_stop_handlers, refuse_jit_checkpoint, requested_signal, restore_handlers
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
 
@@ -293,9 +293,15 @@ def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | No
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Trains, saves the final checkpoint and returns its folder. SIGTERM, SIGUSR1 or SIGINT from here on is a stop
-    request (`launch.stop_request`): a checkpoint of the step, then exit status 75 (`StopRequested`)."""
-    install_stop_handlers()  # kept to the end: a request after the last step lets the final save and export finish
+    """Trains, saves the final checkpoint and returns its folder; stops on request (`launch.stop_request`)."""
+    installed = install_stop_handlers()  # to the end: a request after the last step lets the final save and export end
+    try:
+        return _main(argv)
+    finally:
+        restore_handlers() if installed else None  # called in-process (tests, notebooks): the caller's handlers again
+
+
+def _main(argv: list[str] | None) -> str:
     script_args, args = parse_args(argv)
     refuse_jit_checkpoint(args)
     # hf-mocose's own INFO lines (resume choices, export length...); other libraries' only from WARNING up.
@@ -374,7 +380,7 @@ def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments,
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:
             print(f"Saved the sentence-transformers export (with its model card) to {export_dir}")
-        if (signum := requested_signal()) is not None:
+        if signum := requested_signal():
             print(f"A stop request ({signal.Signals(signum).name}) came after the last step: the run finished.")
     # All processes leave together and close the process group (accelerate's end of a script): a rank exiting while
     # rank 0 still exports closed its gloo connection under it (SIGABRT on rank 0, seen once under load).

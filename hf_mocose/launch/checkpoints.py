@@ -31,6 +31,7 @@ from ..models.configuration import MODEL_CONFIG_FIELDS
 logger = logging.getLogger(__name__)
 
 TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
+JIT_CHECKPOINT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers' JIT checkpoint, removed when it is done
 LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
 NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
 # What the Trainer rebuilds the scheduler from on a resume: this run's values apply.
@@ -117,10 +118,13 @@ def _is_sharded_engine_checkpoint(folder: Path) -> bool:
 
 
 def interrupted_save_problems(folder: str | os.PathLike) -> list[str]:
-    """Signs that the save of `folder` never finished: temporary files, no readable trainer_state.json."""
+    """Signs that the save of `folder` never finished: temporary files, transformers' mark of a JIT checkpoint still
+    being written, no readable trainer_state.json."""
     folder = Path(folder)
     problems = [f"temporary file {p.name} left by an interrupted save"
                 for p in sorted(folder.iterdir()) if p.name.startswith(TEMPORARY_FILE_PREFIX)]
+    if (folder / JIT_CHECKPOINT_SENTINEL).exists():
+        problems.append(f"{JIT_CHECKPOINT_SENTINEL} (transformers' JIT checkpoint was still being written)")
     state = folder / TRAINER_STATE_NAME
     if not state.is_file():
         problems.append(f"no {TRAINER_STATE_NAME} (the Trainer writes it last)")

@@ -149,7 +149,11 @@ class StopOnRequestCallback(TrainerCallback):
             control.should_save = not self._saved  # save_strategy="best" let the evaluation veto the step's save
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._installed:  # a script's own handlers again once train() is over
+        self.release()
+
+    def release(self) -> None:
+        """A script's own handlers again once `train()` is over (also when it raised)."""
+        if self._installed:
             restore_handlers()
             self._installed = False
 

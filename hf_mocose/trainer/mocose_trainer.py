@@ -250,6 +250,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
             output = self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
         finally:
             release_run_folder(self.args.output_dir)
+            self.stop_on_request.release()
         self.stop_on_request.end_run(self.args)
         return output
 
