@@ -111,10 +111,12 @@ def first_run(cluster, tmp_path_factory, tiny_encoder):
     wait_for(lambda: job(first).get("JobState") == "RUNNING", 120, f"job {first} running")
     second = submit(workdir, "run", tiny_encoder)
     waiting, first_then = job(second), job(first)["JobState"]
-    # The stopped jobs (below) run beside the other tests: most of their time is SLURM's to wait for.
-    stopped = ThreadPoolExecutor(1).submit(stop_two_jobs, workdir, tiny_encoder)
+    # The lost node's and the stopped jobs (below) run beside the other tests: most of their time is SLURM's to wait
+    # for (a time-limit check every 30 s, 11 s before a requeued job starts).
+    background = ThreadPoolExecutor(2)
+    lost, stopped = (background.submit(chain, workdir, tiny_encoder) for chain in (lose_a_node, stop_two_jobs))
     return {"workdir": workdir, "first": wait_until_ended(first), "second": second, "second_waiting": waiting,
-            "first_state_then": first_then, "stopped": stopped}
+            "first_state_then": first_then, "lost": lost, "stopped": stopped}
 
 
 def test_two_nodes_of_two_processes_train_one_run_and_export_once(first_run):
@@ -175,23 +177,29 @@ def node_training_processes(node: str, output_dir: Path) -> list[int]:
     return found
 
 
-def test_a_lost_node_fails_the_job_which_is_requeued_and_resumes_to_the_same_weights(first_run, tiny_encoder):
-    workdir = first_run["workdir"]
+def lose_a_node(workdir: Path, tiny_encoder: str) -> dict:
+    """A job whose node2 loses its training processes (SIGKILL) once checkpoint-4 is begun: what was killed, the
+    processes left once the job was requeued, its end state and log."""
     lost = submit(workdir, "lost", tiny_encoder)
     # After a complete checkpoint (checkpoint-2 is whole once checkpoint-4 is begun), node2's processes die.
     wait_for(lambda: (workdir / "lost" / "checkpoint-4").exists(), 240, "checkpoint-4", poll=0.05)
     killed = node_training_processes("node2", workdir / "lost")
-    assert len(killed) == PROCESSES_PER_NODE, killed
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     # The job fails at once (srun --kill-on-bad-exit ends node1's processes) and requeues itself.
     requeued = wait_for(lambda: (state := job(lost))["Restarts"] == "1" and state["JobState"] == "PENDING" and state,
                         60, f"job {lost} requeued")
-    assert not node_training_processes("node1", workdir / "lost") and not node_training_processes(
-        "node2", workdir / "lost"), requeued
+    left = [pid for node in ("node1", "node2") for pid in node_training_processes(node, workdir / "lost")]
     # SLURM starts it again by itself, cred_expire + 1 s later (tests/slurm_cluster.sh sets 10 s; 120 by default).
-    state = wait_until_ended(lost)
-    log = (workdir / "lost.log").read_text()
+    return {"killed": killed, "requeued": requeued, "left": left, "state": wait_until_ended(lost),
+            "log": (workdir / "lost.log").read_text()}
+
+
+def test_a_lost_node_fails_the_job_which_is_requeued_and_resumes_to_the_same_weights(first_run):
+    workdir, lost = first_run["workdir"], first_run["lost"].result(timeout=600)
+    assert len(lost["killed"]) == PROCESSES_PER_NODE, lost["killed"]
+    assert not lost["left"], lost["requeued"]
+    state, log = lost["state"], lost["log"]
     assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), (state, log[-3000:])
     assert "requeued (restart 1 of 3) to resume from the newest complete checkpoint" in log
     assert re.search(r"resuming from \S*/lost/checkpoint-(\d+), the newest complete checkpoint", log), log[-3000:]
