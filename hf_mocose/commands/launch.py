@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from .recipes import ACCELERATE_CONFIGS, print_recipes, resolve_yaml
@@ -127,10 +128,8 @@ class StopForwarder:
         for process in processes:
             if process.pid not in self.sent and _catches_stop_signals(process.pid):
                 self.sent.add(process.pid)
-                try:
+                with suppress(psutil.Error):  # ended meanwhile
                     process.send_signal(self.signum)
-                except psutil.Error:
-                    pass
 
 
 def run_launcher(arguments: list[str]) -> int:
