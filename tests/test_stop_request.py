@@ -260,6 +260,19 @@ def test_sigusr1_to_hf_mocose_train_stops_two_processes_at_one_step_without_a_tr
 
 
 @pytest.mark.preemption
+@pytest.mark.multiprocess
+def test_sigterm_to_every_process_of_hf_mocose_train_as_slurm_sends_it(tiny_encoder, tmp_path):
+    """The launcher, its child (torch elastic's agent) and both training processes get SIGTERM: the agent leaves
+    it to hf-mocose (no SignalException, no SIGKILL 30 s later), the run stops with its checkpoint."""
+    launch = hf_mocose_train(tiny_encoder, tmp_path, *TWO_PROCESSES)
+    for process in [psutil.Process(launch.proc.pid), *psutil.Process(launch.proc.pid).children(recursive=True)]:
+        process.send_signal(signal.SIGTERM)
+    proc = launch.finish()
+    assert_stopped(proc, tmp_path, "SIGTERM", processes=2)
+    assert "SignalException" not in proc.stdout and "Traceback" not in proc.stdout
+
+
+@pytest.mark.preemption
 def test_ctrl_c_to_the_process_group_of_hf_mocose_train(tiny_encoder, tmp_path):
     launch = hf_mocose_train(tiny_encoder, tmp_path, new_session=True)
     os.killpg(launch.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does

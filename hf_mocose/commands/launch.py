@@ -34,6 +34,7 @@ from .recipes import ACCELERATE_CONFIGS, print_recipes, resolve_yaml
 TRAIN_MODULE = "hf_mocose.commands.train"
 LAUNCHER_PID_ENV = "HF_MOCOSE_LAUNCHER_PID"  # the child's parent: gone already means the run was stopped
 FORWARD_INTERVAL_S = 0.2
+AGENT_SIGNALS = "SIGHUP,SIGQUIT"  # what torch elastic's agent handles in `hf-mocose train`'s child
 USAGE = ("usage: hf-mocose train RECIPE [--field value ...] [--accelerate_config NAME|PATH] [--num_processes N] "
          "[accelerate launch flags]\n       hf-mocose train --list | RECIPE --help | --help_all")
 
@@ -150,14 +151,14 @@ def run_launcher(arguments: list[str]) -> int:
     return child.returncode if child.returncode >= 0 else 128 - child.returncode
 
 
-def accelerate_launch(arguments: list[str]) -> int:
-    """accelerate's `launch_command` in this process; returns the run's status (a refusal's 2, said once by the main
-    process; 75 for a run stopped on request), with no traceback of the launcher's."""
+def accelerate_launch(arguments: list[str], **settings) -> int:
+    """accelerate's `launch_command` in this process (`settings`: more of its namespace's values); returns the run's
+    status (a refusal's 2, said once by the main process; 75 for a run stopped on request), with no traceback."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        launch_command(launch_command_parser().parse_args(arguments))
+        launch_command(argparse.Namespace(**{**vars(launch_command_parser().parse_args(arguments)), **settings}))
     except subprocess.CalledProcessError as err:  # one process, which has said why
         return err.returncode
     except ChildFailedError as err:  # several: the main process has said why
@@ -176,8 +177,10 @@ def launch_in_this_process(arguments: list[str]) -> int:
     stop_with_parent()
     if os.environ.get(LAUNCHER_PID_ENV, str(os.getppid())) != str(os.getppid()):
         return 128 + signal.SIGTERM  # `hf-mocose train` died before this process asked to follow it
-    # torch elastic's agent leaves SIGTERM and SIGINT to the handlers above (it would stop the workers itself).
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
+    # torch elastic's agent leaves SIGTERM and SIGINT to the handlers above (its own stop the workers with SIGTERM,
+    # then SIGKILL 30 s later): torch.distributed.run's --signals_to_handle, which accelerate passes on, and the
+    # variable older versions read.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = AGENT_SIGNALS
 
     def keep_forwarding():
         while True:
@@ -185,7 +188,7 @@ def launch_in_this_process(arguments: list[str]) -> int:
             time.sleep(FORWARD_INTERVAL_S)
 
     threading.Thread(target=keep_forwarding, daemon=True).start()
-    return accelerate_launch(arguments)
+    return accelerate_launch(arguments, signals_to_handle=AGENT_SIGNALS)
 
 
 def register(subparsers) -> None:
