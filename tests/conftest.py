@@ -62,14 +62,15 @@ def build_tiny_encoder(path: Path, model_type: str = "bert", seed: int = 0) -> s
 
 
 # marker -> the word `-m` names to run it; otherwise its tests are deselected from the default run
-OPT_IN_MARKERS = {"launch_matrix_full": "launch_matrix", "slurm": "slurm", "docs": "docs"}
+OPT_IN_MARKERS = {"launch_matrix_full": "launch_matrix", "slurm": "slurm", "docs": "docs", "preemption": "preemption"}
 
 
 def pytest_collection_modifyitems(config, items):
     """The whole launch matrix (tests/test_launch_matrix.py) runs when `-m` names `launch_matrix`; otherwise its cells
     marked `launch_matrix_full` are deselected and only its fast subset runs. The SLURM cluster's tests
     (tests/test_slurm.py, root and slurm-wlm) run only when `-m` names `slurm`; the documentation site's test (marker
-    `docs`, tests/test_docs_site.py: it builds the site, which needs the `docs` extra) when `-m` names `docs`."""
+    `docs`, tests/test_docs_site.py: it builds the site, which needs the `docs` extra) when `-m` names `docs`; the rest of
+    the stop-request matrix (marker `preemption`, tests/test_stop_request.py) when `-m` names `preemption`."""
     markexpr = config.getoption("markexpr") or ""
     left_out = [marker for marker, word in OPT_IN_MARKERS.items() if word not in markexpr]
     kept = [item for item in items if not any(item.get_closest_marker(marker) for marker in left_out)]

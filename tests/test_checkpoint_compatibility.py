@@ -63,6 +63,12 @@ def test_a_checkpoint_saved_before_the_move_exports_to_sentence_transformers(tmp
     torch.testing.assert_close(exported, expected, atol=1e-5, rtol=1e-4)
 
 
+def plan_three_steps(checkpoint):
+    """The fixture's run finished at its planned 2 steps; a resume for 3 is refused, so its copy planned 3."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**state, "max_steps": 3}))
+
+
 def test_a_mocose_trainer_checkpoint_saved_before_the_move_resumes(tmp_path):
     from datasets import Dataset
 
@@ -70,6 +76,7 @@ def test_a_mocose_trainer_checkpoint_saved_before_the_move_resumes(tmp_path):
 
     run = tmp_path / "mocose"
     shutil.copytree(FIXTURE / "mocose", run)
+    plan_three_steps(run / "checkpoint-2")
     args = MoCoSETrainingArguments(output_dir=str(run), queue_size=8, queue_init_size=4, max_seq_length=16,
                                    per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3, save_strategy="no",
                                    eval_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True)
@@ -96,6 +103,7 @@ def test_a_mocose_loss_checkpoint_saved_before_the_move_resumes(tmp_path):
 
     run = tmp_path / "st"
     shutil.copytree(FIXTURE / "st", run)
+    plan_three_steps(run / "checkpoint-2")
     transformer = Transformer(str(FIXTURE / "encoder"), max_seq_length=16)
     model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
     loss = MoCoSELoss(model, queue_size=8, queue_init_size=4)

@@ -67,7 +67,8 @@ def test_resuming_a_finished_run_trains_nothing_and_leaves_final_as_it_was(tiny_
     assert snapshot(out) == before  # no checkpoint-5, final/ and the export untouched
     said = [r.getMessage() for r in caplog.records if "finished" in r.getMessage()]
     assert said == [f"This run finished at step 4 ({out / 'checkpoint-4'}, max_steps 4): nothing trained, the model "
-                    "loaded as it ended. Raise --max_steps to train further."]
+                    "loaded as it ended. To train further, start a new run from its model: --model_name_or_path "
+                    f"{out / 'checkpoint-4'} and a fresh --output_dir."]
 
 
 @pytest.mark.parametrize("limit", ["max_steps", "epochs"])
@@ -95,10 +96,54 @@ def test_mocose_loss_stops_a_resume_of_a_finished_run_before_any_step(tiny_encod
     make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4).train()
     before = snapshot(out)
     trainer = make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4)
-    with pytest.raises(ValueError, match="^This run finished at step 4 \\(max_steps 4\\): nothing trained or saved, the "
-                                         "model and loss hold it as it ended. Raise max_steps to train further.$"):
+    with pytest.raises(ValueError) as refused:
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert str(refused.value) == ("This run finished at step 4 (max_steps 4): nothing trained or saved, the model and "
+                                  "loss hold it as it ended. To train further, start a new run from its model: "
+                                  f"SentenceTransformer({str(out / 'checkpoint-4')!r}), a new MoCoSELoss and a fresh "
+                                  "output_dir.")
     assert snapshot(out) == before and trainer.state.global_step == 4  # no step 5, no checkpoint-5
+
+
+# ----------------------------------------------------------------------------- a resume at another length
+def planned_length_refusal(checkpoint: Path, step: int, asked: int, onward: str) -> str:
+    finish = "It finished there" if step == 4 else "Resume with max_steps 4 to finish it"
+    return (f"Cannot resume {checkpoint} (step {step}) with max_steps {asked}: its run planned 4, and its learning-rate "
+            f"schedule and EMA decay ramp are laid out over 4 steps (resumed, both would jump onto schedules rebuilt "
+            f"for {asked}). {finish}; to train further, start a new run from its model: {onward}.")
+
+
+def test_a_resume_with_another_max_steps_is_refused_in_one_line(tiny_encoder, corpus, tmp_path, capsys):
+    from test_preflight_refusals import refusal
+
+    out = tmp_path / "run"
+    assert cli_main(train_argv(tiny_encoder, corpus, out, "--eval_strategy", "no")) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    for checkpoint, asked in ((out / "checkpoint-4", 6), (out / "checkpoint-2", 8), (out / "checkpoint-2", 3)):
+        assert cli_main(train_argv(tiny_encoder, corpus, out, "--eval_strategy", "no", "--resume_from_checkpoint",
+                                   str(checkpoint), steps=asked)) == 2
+        step = int(checkpoint.name.split("-")[1])
+        assert refusal(capsys) == planned_length_refusal(
+            checkpoint, step, asked, f"--model_name_or_path {checkpoint} and a fresh --output_dir")
+    assert snapshot(out) == before  # nothing trained, nothing saved
+
+
+def test_mocose_loss_refuses_a_resume_with_another_max_steps_before_any_step(tiny_encoder, tmp_path):
+    from conftest import make_st_trainer
+
+    out = tmp_path / "st"
+    make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=4).train()
+    before = snapshot(out)
+    for checkpoint, asked in ((out / "checkpoint-4", 6), (out / "checkpoint-2", 8)):
+        trainer = make_st_trainer(tiny_encoder, out, save_strategy="steps", save_steps=2, max_steps=asked)
+        with pytest.raises(ValueError) as refused:
+            trainer.train(resume_from_checkpoint=str(checkpoint))
+        step = int(checkpoint.name.split("-")[1])
+        assert str(refused.value) == planned_length_refusal(
+            checkpoint, step, asked, f"SentenceTransformer({str(checkpoint)!r}), a new MoCoSELoss and a fresh output_dir")
+        assert trainer.state.global_step == step
+    assert snapshot(out) == before
 
 
 # ----------------------------------------------------------------------------- the last evaluation, once

@@ -63,8 +63,11 @@ def test_a_recipe_is_a_name_or_a_path(tmp_path, monkeypatch):
 def test_launch_flags_go_to_accelerate_and_the_rest_to_training(monkeypatch, capsys):
     """The GPU-node command `hf-mocose train mocose-bert-base --accelerate_config fsdp2 --num_processes 8`, with more
     flags of both kinds: what accelerate is asked to start (its launcher is not run here)."""
-    launched = []
-    monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
+    from accelerate.commands.launch import launch_command_parser
+
+    launched = []  # what the child process would parse (`launch.run_launcher` starts it)
+    monkeypatch.setattr(launch, "run_launcher", lambda arguments: launched.append(
+        launch_command_parser().parse_args(arguments)) or 0)
     argv = ["train", "mocose-bert-base", "--accelerate_config", "fsdp2", "--num_processes", "8", "--max_steps", "3",
             "--gradient_accumulation_steps", "2", "--main_process_port=29555", "--same_network", "--debug",
             "underflow_overflow",
@@ -109,9 +112,9 @@ def test_the_exit_status_is_the_run_s(monkeypatch, capsys):
         failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file="")
         raise ChildFailedError("hf_mocose.commands.train", {0: failure})
 
-    for launcher in (one_process, several):
+    for launcher in (one_process, several):  # in run_launcher's child process
         monkeypatch.setattr("accelerate.commands.launch.launch_command", launcher)
-        assert run_cli(["train", "quickstart"], capsys)[0] == 2
+        assert launch.accelerate_launch(["--module", launch.TRAIN_MODULE, "quickstart"]) == 2
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 from conftest import REPO_ROOT, make_st_trainer, make_trainer
-from test_preflight_refusals import no_model_load, refusal, train_argv, write_corpus  # noqa: F401 (a fixture)
+from test_preflight_refusals import DEBUG_HINT, no_model_load, refusal, train_argv, write_corpus  # noqa: F401 (a fixture)
 
 from hf_mocose.commands.train import cli_main, main, parse_args
 from hf_mocose.data.corpus import BUILTIN_PYTHON_DOCS, load_sentences
@@ -142,16 +143,17 @@ def test_two_runs_started_together_leave_one_complete_run_and_one_line(tiny_enco
 
 
 # ----------------------------------------------------------------------------- a full disk at a save
-def fills_the_disk_at(monkeypatch, writer: str, folder: str) -> None:
-    """From the save of `folder` on, the weights writer (safetensors) or the optimizer's (torch.save) fails as on a
-    full disk: safetensors after writing part of its file, torch.save with `OSError(ENOSPC)`."""
+def fills_the_disk_at(monkeypatch, writer: str, *folders: str) -> None:
+    """From the save of a folder named (or starting) as one of `folders` on, the weights writer (safetensors) or the
+    optimizer's (torch.save) fails as on a full disk: safetensors after writing part of its file, torch.save with
+    `OSError(ENOSPC)`."""
     import transformers.modeling_utils as modeling_utils
 
     if writer == "weights":
         real = modeling_utils.safe_save_file
 
         def save_file(tensors, filename, metadata=None):
-            if Path(filename).parent.name == folder:
+            if Path(filename).parent.name.startswith(folders):
                 Path(filename).write_bytes(b"\0" * 100)
                 raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
                                       '"No space left on device" })')
@@ -162,7 +164,7 @@ def fills_the_disk_at(monkeypatch, writer: str, folder: str) -> None:
     real = torch.save
 
     def save(obj, path, *args, **kwargs):
-        if isinstance(path, (str, os.PathLike)) and Path(path).parent.name == folder and Path(path).name == writer:
+        if isinstance(path, (str, os.PathLike)) and Path(path).parent.name in folders and Path(path).name == writer:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real(obj, path, *args, **kwargs)
 
@@ -191,21 +193,34 @@ def test_a_full_disk_at_a_save_is_one_line_and_the_last_complete_checkpoint_resu
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def export_line(export: Path, final: Path, again: str) -> str:
+    """The one line of an export that a full disk stopped at its weights, with the size the save needs as a group."""
+    return (re.escape(f"Saving {export} failed writing {export / 'model.safetensors'} (Error while serializing: ")
+            + ".*" + re.escape("): the save needs about ") + "([0-9.,]+)" + re.escape(" MB and ") + "[0-9.,]+"
+            + re.escape(f" MB is free; {final} is whole: free space, then export it again with {again}."))
+
+
 def test_a_full_disk_at_the_export_or_the_loss_state_is_one_line(tiny_encoder, tmp_path, monkeypatch, capsys):
-    from hf_mocose.commands import train
+    from hf_mocose.commands.cli import main as hf_mocose
 
     corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
-    export = out / "sentence-transformers"
-
-    def full_disk(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(export / "model.safetensors"))
-
-    monkeypatch.setattr(train, "publish_final_model", full_disk)
+    export, final, elsewhere = out / "sentence-transformers", out / "final", tmp_path / "exported"
+    fills_the_disk_at(monkeypatch, "weights", ".sentence-transformers.staging-", ".exported.staging-")
     assert cli_main(train_argv(tiny_encoder, corpus, out, "--export_sentence_transformers", "true")) == 2
-    line = refusal(capsys)
-    assert line.startswith(f"Saving {export} failed writing {export / 'model.safetensors'} (No space left on device)")
-    assert line.endswith(f"the newest complete checkpoint is {out / 'checkpoint-2'}: free space, then export it with "
-                         f"hf-mocose export {out / 'checkpoint-2'} FOLDER, or train again.")
+    assert re.fullmatch(export_line(export, final, f"hf-mocose export {final} {export} --overwrite"), refusal(capsys))
+    assert not export.exists() and not list(out.glob(".sentence-transformers.staging-*"))
+    # hf-mocose export onto a full disk: the same line, with the size of the export it writes
+    assert hf_mocose(["export", str(final), str(elsewhere)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-mocose export: error: ")]
+    assert len(lines) == 1 and lines[0].endswith(DEBUG_HINT), lines  # (the rest of stderr: progress bars)
+    needed = re.fullmatch(export_line(elsewhere, final, f"hf-mocose export {final} {elsewhere}"),
+                          lines[0][len("hf-mocose export: error: "):-len(DEBUG_HINT)])
+    assert needed, lines
+    monkeypatch.undo()
+    assert hf_mocose(["export", str(final), str(elsewhere)]) == 0
+    written = folder_bytes(elsewhere) - (elsewhere / "README.md").stat().st_size  # the card: a few kB of text
+    assert float(needed[1].replace(",", "")) == pytest.approx(written / 1e6, abs=0.05)
+    assert folder_bytes(out / "checkpoint-2") > 2 * written  # not a checkpoint's size (the optimizer's moments)
 
     st_out = tmp_path / "st-run"
     real = torch.save
@@ -306,7 +321,8 @@ def test_none_unsets_an_optional_path_of_a_recipe():
 def test_a_resume_at_another_learning_rate_or_weight_decay_is_refused_naming_both_values(tiny_encoder, tmp_path,
                                                                                         capsys, caplog):
     corpus, out = write_corpus(tmp_path / "c.txt", n=64), tmp_path / "run"
-    assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5")) == 0
+    assert cli_main(train_argv(tiny_encoder, corpus, out, "--learning_rate", "3e-5", steps=4)) == 0
+    shutil.rmtree(out / "checkpoint-4")  # as if stopped after step 2
     capsys.readouterr()
     resume = ["--resume_from_checkpoint", "last", "--max_steps", "4"]
     assert cli_main(train_argv(tiny_encoder, corpus, out, *resume, "--learning_rate", "1e-4", "--weight_decay",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -133,7 +134,8 @@ def test_a_resume_at_another_batch_size_is_named_and_the_card_and_state_agree(ti
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Sentence number {i} is about a small thing.\n" for i in range(64)))
     out = tmp_path / "run"
-    main(train_argv(tiny_encoder, corpus, out, 8, 2, "--eval_strategy", "no", "--export_sentence_transformers", "false"))
+    main(train_argv(tiny_encoder, corpus, out, 8, 4, "--eval_strategy", "no", "--export_sentence_transformers", "false"))
+    shutil.rmtree(out / "checkpoint-4")  # as if stopped after step 2
     caplog.clear()
     main(train_argv(tiny_encoder, corpus, out, 4, 4, "--eval_strategy", "no", "--resume_from_checkpoint", "last"))
     # transformers < 5 resumes at the checkpoint's size whatever is asked: then the run says so and records that.

@@ -8,17 +8,33 @@ path (`commands.recipes`), `default` (one process) unless it or accelerate's `--
 hf_mocose.commands.train RECIPE ...` is the same run under your own accelerate config. A flag `accelerate launch` knows
 and the training arguments do not (`--num_processes`, `--multi_gpu`, `--machine_rank`, ...) goes to the launcher;
 names both know (`--gradient_accumulation_steps`, `--debug`) are training's, as in TRL.
+
+accelerate's launcher runs in a child process of its own session (`python -m hf_mocose.commands.launch`), so that
+neither a Ctrl-C at the terminal nor a signal to `hf-mocose train` reaches torch elastic's agent, which would stop
+the training processes itself (SIGKILL after 30 s, a traceback). SIGTERM, SIGUSR1 and SIGINT are forwarded to the
+training processes instead (a stop request, `launch.stop_request`), once each has installed its handlers; the
+launcher waits for them, however long their save takes, and returns their status (75 for a stopped run). If
+`hf-mocose train` itself dies (SIGKILL), the child gets SIGTERM from the kernel and forwards it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
 
 from .recipes import ACCELERATE_CONFIGS, print_recipes, resolve_yaml
 
 TRAIN_MODULE = "hf_mocose.commands.train"
+LAUNCHER_PID_ENV = "HF_MOCOSE_LAUNCHER_PID"  # the child's parent: gone already means the run was stopped
+FORWARD_INTERVAL_S = 0.2
+AGENT_SIGNALS = "SIGHUP,SIGQUIT"  # what torch elastic's agent handles in `hf-mocose train`'s child
 USAGE = ("usage: hf-mocose train RECIPE [--field value ...] [--accelerate_config NAME|PATH] [--num_processes N] "
          "[accelerate launch flags]\n       hf-mocose train --list | RECIPE --help | --help_all")
 
@@ -62,8 +78,7 @@ def launch_training(argv: list[str]) -> int:
             print(USAGE + "\n")
         print_recipes()
         return 0 if argv else 2
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from accelerate.commands.launch import launch_command_parser
     from transformers import HfArgumentParser
 
     from ..trainer.training_args import MoCoSETrainingArguments
@@ -75,13 +90,105 @@ def launch_training(argv: list[str]) -> int:
         print(USAGE + "\n")
         sys.argv[:1] = ["hf-mocose train"]  # argparse's prog
         parse_args(train)  # prints the options with the recipe's values and exits
+    arguments = [*with_config_file(launch), "--module", TRAIN_MODULE, *train]
+    launcher.parse_args(arguments)  # a launcher flag's mistake is accelerate's own message, here
+    return run_launcher(arguments)
+
+
+def _catches_stop_signals(pid: int) -> bool:
+    """Whether process `pid` has its stop handlers in (Linux: SIGUSR1 caught, /proc/PID/status); elsewhere True."""
     try:
-        launch_command(launcher.parse_args([*with_config_file(launch), "--module", TRAIN_MODULE, *train]))
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return not sys.platform.startswith("linux")
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGUSR1 - 1) & 1)
+
+
+class StopForwarder:
+    """Forwards a stop signal to the training processes (the direct children of the process `pid`), each once its
+    handlers are in (before, the signal's default action would kill it while it imports)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.signum, self.sent = pid, None, set()
+
+    def request(self, signum, frame=None) -> None:
+        self.signum = self.signum or signum
+
+    def forward(self) -> None:
+        import psutil
+
+        if self.signum is None:
+            return
+        try:
+            processes = psutil.Process(self.pid).children()
+        except psutil.Error:
+            return
+        for process in processes:
+            if process.pid not in self.sent and _catches_stop_signals(process.pid):
+                self.sent.add(process.pid)
+                with suppress(psutil.Error):  # ended meanwhile
+                    process.send_signal(self.signum)
+
+
+def run_launcher(arguments: list[str]) -> int:
+    """`accelerate launch ARGUMENTS` in a child process (the module docstring); returns the run's exit status."""
+    from ..launch.stop_request import STOP_SIGNALS
+
+    child = subprocess.Popen([sys.executable, "-m", __name__, *arguments], start_new_session=True,
+                             env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())})
+    forwarder = StopForwarder(child.pid)
+    previous = {signum: signal.signal(signum, forwarder.request) for signum in STOP_SIGNALS}
+    try:
+        while child.poll() is None:
+            forwarder.forward()
+            time.sleep(FORWARD_INTERVAL_S)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def accelerate_launch(arguments: list[str], **settings) -> int:
+    """accelerate's `launch_command` in this process (`settings`: more of its namespace's values); returns the run's
+    status (a refusal's 2, said once by the main process; 75 for a run stopped on request), with no traceback."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch_command(argparse.Namespace(**{**vars(launch_command_parser().parse_args(arguments)), **settings}))
     except subprocess.CalledProcessError as err:  # one process, which has said why
         return err.returncode
     except ChildFailedError as err:  # several: the main process has said why
         return max(err.get_first_failure()[1].exitcode, 1)
     return 0
+
+
+def launch_in_this_process(arguments: list[str]) -> int:
+    """The child of `run_launcher`: `accelerate_launch`, a stop signal forwarded to the training processes, and
+    SIGTERM when `hf-mocose train` dies."""
+    from ..launch.stop_request import STOP_SIGNALS, stop_with_parent
+
+    forwarder = StopForwarder(os.getpid())
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forwarder.request)
+    stop_with_parent()
+    if os.environ.get(LAUNCHER_PID_ENV, str(os.getppid())) != str(os.getppid()):
+        return 128 + signal.SIGTERM  # `hf-mocose train` died before this process asked to follow it
+    # torch elastic's agent leaves SIGTERM and SIGINT to the handlers above (its own stop the workers with SIGTERM,
+    # then SIGKILL 30 s later): torch.distributed.run's --signals_to_handle, which accelerate passes on, and the
+    # variable older versions read.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = AGENT_SIGNALS
+
+    def keep_forwarding():
+        while True:
+            forwarder.forward()
+            time.sleep(FORWARD_INTERVAL_S)
+
+    threading.Thread(target=keep_forwarding, daemon=True).start()
+    return accelerate_launch(arguments, signals_to_handle=AGENT_SIGNALS)
 
 
 def register(subparsers) -> None:
@@ -90,3 +197,7 @@ def register(subparsers) -> None:
                                   help="train a recipe in the processes accelerate launch starts (--help: options)")
     train.add_argument("argv", nargs=argparse.REMAINDER)
     train.set_defaults(func=lambda args: launch_training(args.argv))
+
+
+if __name__ == "__main__":  # pragma: no cover (run_launcher's child)
+    sys.exit(launch_in_this_process(sys.argv[1:]))

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import typing
 from dataclasses import dataclass, field, fields
@@ -32,8 +33,9 @@ from ..trainer.training_args import MoCoSETrainingArguments
 from ..launch.checkpoints import remove_temporary_files
 from ..launch.precision import AUTO, choose_auto_bf16
 from ..launch.preflight import check_run, preflight
-from ..launch.run_folder import failed_save_sentence, release_run_folder
+from ..launch.run_folder import release_run_folder
 from ..launch.sharding import launch_sharding, refuse_one_process_of_several, refuse_sharded_launch
+from ..launch.stop_request import install_stop_handlers, refuse_jit_checkpoint, requested_signal, restore_handlers
 from .cli import is_main_process, run_command
 from .recipes import resolve_yaml
 
@@ -291,8 +293,17 @@ def _final_evaluation(trainer: MoCoSETrainer, stsb_dev: str | None) -> dict | No
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Trains, saves the final checkpoint and returns its folder."""
+    """Trains, saves the final checkpoint and returns its folder; stops on request (`launch.stop_request`)."""
+    installed = install_stop_handlers()  # to the end: a request after the last step lets the final save and export end
+    try:
+        return _main(argv)
+    finally:
+        restore_handlers() if installed else None  # called in-process (tests, notebooks): the caller's handlers again
+
+
+def _main(argv: list[str] | None) -> str:
     script_args, args = parse_args(argv)
+    refuse_jit_checkpoint(args)
     # hf-mocose's own INFO lines (resume choices, export length...); other libraries' only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_mocose").setLevel(logging.INFO)
@@ -363,14 +374,14 @@ def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments,
         trainer.save_model(final_dir)
         metrics = _final_evaluation(trainer, stsb_dev)
         export_dir = None
-        if script_args.export_sentence_transformers:  # a write that fails is one line, as the saves' (no push here)
-            with failed_save_sentence(Path(args.output_dir) / "sentence-transformers", args.output_dir,
-                                      trainer.state_bytes):
-                export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
+        if script_args.export_sentence_transformers:  # a write that fails is one line, naming final_dir to export
+            export_dir = publish_final_model(trainer, final_dir, eval_results=metrics, **card)
     if trainer.is_world_process_zero():
         print(f"Saved the final MoCoSE checkpoint to {final_dir}")
         if export_dir is not None:
             print(f"Saved the sentence-transformers export (with its model card) to {export_dir}")
+        if signum := requested_signal():
+            print(f"A stop request ({signal.Signals(signum).name}) came after the last step: the run finished.")
     # All processes leave together and close the process group (accelerate's end of a script): a rank exiting while
     # rank 0 still exports closed its gloo connection under it (SIGABRT on rank 0, seen once under load).
     trainer.accelerator.wait_for_everyone()

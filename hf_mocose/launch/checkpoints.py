@@ -31,6 +31,7 @@ from ..models.configuration import MODEL_CONFIG_FIELDS
 logger = logging.getLogger(__name__)
 
 TEMPORARY_FILE_PREFIX = ".tmp"  # safetensors' temporary weights file (Rust `tempfile`), renamed when complete
+JIT_CHECKPOINT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers' JIT checkpoint, removed when it is done
 LAST_CHECKPOINT_VALUES = ("last", "latest", "true")
 NO_CHECKPOINT_VALUES = ("", "false", "none", "no")
 # What the Trainer rebuilds the scheduler from on a resume: this run's values apply.
@@ -117,10 +118,13 @@ def _is_sharded_engine_checkpoint(folder: Path) -> bool:
 
 
 def interrupted_save_problems(folder: str | os.PathLike) -> list[str]:
-    """Signs that the save of `folder` never finished: temporary files, no readable trainer_state.json."""
+    """Signs that the save of `folder` never finished: temporary files, transformers' mark of a JIT checkpoint still
+    being written, no readable trainer_state.json."""
     folder = Path(folder)
     problems = [f"temporary file {p.name} left by an interrupted save"
                 for p in sorted(folder.iterdir()) if p.name.startswith(TEMPORARY_FILE_PREFIX)]
+    if (folder / JIT_CHECKPOINT_SENTINEL).exists():
+        problems.append(f"{JIT_CHECKPOINT_SENTINEL} (transformers' JIT checkpoint was still being written)")
     state = folder / TRAINER_STATE_NAME
     if not state.is_file():
         problems.append(f"no {TRAINER_STATE_NAME} (the Trainer writes it last)")
@@ -234,6 +238,24 @@ def resumed_step(checkpoint: str | os.PathLike | None) -> int:
     if checkpoint is None:
         return 0
     return int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step", 0))
+
+
+def check_planned_length(checkpoint: str | os.PathLike, max_steps: int, onward: str) -> None:
+    """Refuses to resume `checkpoint` for `max_steps` optimizer steps when its run planned another number (its
+    trainer_state.json's `max_steps`) and steps are left to train: the learning-rate schedule and the EMA decay ramp
+    are laid out over the planned length, and the optimizer state holds the rate the old one reached (0 at its end),
+    so the resumed steps would follow neither plan. `onward`: how this front end starts a new run from its model."""
+    if not (path := Path(checkpoint) / TRAINER_STATE_NAME).is_file():
+        return  # MoCoSELoss state loaded from a folder without the Trainer's
+    state = json.loads(path.read_text(encoding="utf-8"))
+    planned, step = state.get("max_steps") or 0, state.get("global_step", 0)
+    if planned <= 0 or max_steps <= step or planned == max_steps:
+        return
+    finish = "it finished there" if step >= planned else f"resume with max_steps {planned} to finish it"
+    raise ValueError(f"Cannot resume {checkpoint} (step {step}) with max_steps {max_steps}: its run planned {planned}, "
+                     f"and its learning-rate schedule and EMA decay ramp are laid out over {planned} steps (resumed, "
+                     f"both would jump onto schedules rebuilt for {max_steps}). {finish[0].upper()}{finish[1:]}; to "
+                     f"train further, start a new run from its model: {onward}.")
 
 
 def prepare_resume(value, args, model) -> str | None:

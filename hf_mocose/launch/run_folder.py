@@ -180,9 +180,13 @@ def check_room_for_a_save(output_dir: str | os.PathLike, tensor_bytes: int) -> N
 
 
 @contextmanager
-def failed_save_sentence(folder: str | os.PathLike, output_dir: str | os.PathLike, tensor_bytes: int):
+def failed_save_sentence(folder: str | os.PathLike, output_dir: str | os.PathLike, tensor_bytes: int,
+                         advice: str | None = None, written_in: str | os.PathLike | None = None):
     """Turns a write failure while saving `folder` into a one-line `SaveFailedError` (the module docstring).
-    `tensor_bytes`: the state's size, the estimate while no checkpoint of `output_dir` is complete."""
+    `tensor_bytes`: the state's size, the estimate while no checkpoint of `output_dir` is complete; for a folder that
+    is not a checkpoint (the final model, an export), the save's own size. `advice`: what to do instead of resuming
+    from a checkpoint (an export names the model it exports). `written_in`: the folder the files are written to
+    when it is not `folder` (an export's staging folder), named in the line as their place in `folder`."""
     try:
         yield
     except (OSError, SafetensorError, RuntimeError) as err:
@@ -190,19 +194,23 @@ def failed_save_sentence(folder: str | os.PathLike, output_dir: str | os.PathLik
             raise
         if isinstance(err, SaveFailedError):
             raise
-        folder = Path(folder)
-        written = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-        file = getattr(err, "filename", None) or max(written, key=lambda p: p.stat().st_mtime_ns, default=folder)
+        folder, written_in = Path(folder), Path(written_in or folder)
+        written = [p for p in written_in.rglob("*") if p.is_file()] if written_in.is_dir() else []
+        file = Path(getattr(err, "filename", None) or max(written, key=lambda p: p.stat().st_mtime_ns, default=folder))
+        if file.is_relative_to(written_in):
+            file = folder / file.relative_to(written_in)
         why = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
-        last = newest_complete_checkpoint(output_dir)
-        if last is None:
+        checkpoint = checkpoint_step(folder) is not None
+        if advice is not None:
+            resume = advice
+        elif (last := newest_complete_checkpoint(output_dir)) is None:
             resume = f"no complete checkpoint in {output_dir} to resume from: free space and train again"
-        elif checkpoint_step(folder) is None:  # the final model or its export: training is over
+        elif not checkpoint:  # the final model: training is over
             resume = (f"the newest complete checkpoint is {last}: free space, then export it with hf-mocose export "
                       f"{last} FOLDER, or train again")
         else:
             resume = (f"the last complete checkpoint is {last}: free space, then resume with --resume_from_checkpoint "
                       f"last (it skips the incomplete {folder.name})")
+        needed = size_of_a_save(output_dir, tensor_bytes) if checkpoint else tensor_bytes
         raise SaveFailedError(f"Saving {folder} failed writing {file} ({why}): the save needs about "
-                              f"{_megabytes(size_of_a_save(output_dir, tensor_bytes))} and "
-                              f"{_megabytes(free_bytes(folder))} is free; {resume}.") from None
+                              f"{_megabytes(needed)} and {_megabytes(free_bytes(folder))} is free; {resume}.") from None

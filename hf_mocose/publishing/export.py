@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..launch.run_folder import failed_save_sentence, tensor_bytes
 from ..models.encoding import encode_with_model, inference_max_seq_length
 from .model_card import read_eval_results, write_model_card
 
@@ -198,22 +199,31 @@ def export_to_sentence_transformers(checkpoint: str | os.PathLike, output_dir: s
     staging = output_dir.parent / f".{output_dir.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # (not tempfile.mkdtemp: its 0700 mode would stick to the published folder)
     try:
-        build_sentence_transformer(model, tokenizer, staging, max_seq_length).save(str(staging), create_model_card=False)
-        if verify:
-            diff = verify_export(staging, model, tokenizer, max_seq_length)
-            logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
-        if onnx or openvino:
-            card_kwargs["runtimes"] = export_runtimes(
-                staging, probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length), onnx=onnx,
-                openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file,
-                calibration_file=calibration_file)
-        write_eval_results(staging, results, card_kwargs.get("repo_id"))
-        if write_card:
-            card_kwargs.setdefault("export_name", output_dir.name)
-            write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)
-        if output_dir.exists():
-            shutil.rmtree(output_dir)
-        staging.rename(output_dir)
+        # A full disk: one line with the export's size (the online encoder, its pooler, the tokenizer) and the model
+        # to export again; the old folder stays as it was.
+        again = f"hf-mocose export {checkpoint} {output_dir}{' --overwrite' * overwrite}"
+        tokenizer_files = {*tokenizer.vocab_files_names.values(), "tokenizer_config.json", "special_tokens_map.json"}
+        size = tensor_bytes(model.online_encoder, model.online_pooler) + sum(
+            (checkpoint / name).stat().st_size for name in tokenizer_files if (checkpoint / name).is_file())
+        with failed_save_sentence(output_dir, checkpoint.parent, size, written_in=staging,
+                                  advice=f"{checkpoint} is whole: free space, then export it again with {again}"):
+            build_sentence_transformer(model, tokenizer, staging, max_seq_length).save(str(staging),
+                                                                                       create_model_card=False)
+            if verify:
+                diff = verify_export(staging, model, tokenizer, max_seq_length)
+                logger.info("Export matches the checkpoint (max abs difference %.2e).", diff)
+            if onnx or openvino:
+                card_kwargs["runtimes"] = export_runtimes(
+                    staging, probe_sentences(tokenizer, max_seq_length, model.config.max_seq_length), onnx=onnx,
+                    openvino=openvino, onnx_arch=onnx_arch, stsb_dev_file=stsb_dev_file,
+                    calibration_file=calibration_file)
+            write_eval_results(staging, results, card_kwargs.get("repo_id"))
+            if write_card:
+                card_kwargs.setdefault("export_name", output_dir.name)
+                write_model_card(staging, checkpoint=checkpoint, eval_results=eval_results, **card_kwargs)
+            if output_dir.exists():
+                shutil.rmtree(output_dir)
+            staging.rename(output_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -14,6 +14,8 @@ stops at its first step with an error naming this fix. Event by event:
   `DefaultFlowCallback` has set `control.should_save`, and at `on_evaluate` (`save_strategy="best"`, deciding as
   the Trainer is about to): the loss state written into the coming checkpoint, so it is there before
   `_save_checkpoint` starts a Hub push; `on_save` checks.
+* A stop request (SIGTERM, SIGUSR1, SIGINT: `launch.stop_request`), agreed at `on_step_end` before the loss state is
+  written: the step's checkpoint with it, then `on_train_end` raises `StopRequested` (exit status 75).
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from torch import nn
 from transformers.trainer_utils import HubStrategy, SaveStrategy
 
 from ..compat import get_world_size
+from ..launch.checkpoints import check_planned_length
 from ..launch.preflight import preflight
 from ..launch.run_folder import failed_save_sentence, release_run_folder, tensor_bytes
+from ..launch.stop_request import StopOnRequestCallback, refuse_jit_checkpoint
 from ..models.ema import EMATargetCallback
 from .checkpoints import (LOSS_STATE_DIR, STATE_FILE, checkpoint_folder, fingerprint, holds_loss_state, load_loss_state,
                           locate_checkpoint, run_folder, save_loss_state)
@@ -71,9 +75,11 @@ class MoCoSELossCallback(EMATargetCallback):
         self._training = False
         self._saved_step: int | None = None
         self._folder: str | None = None  # the output_dir whose lock this run holds (`launch.run_folder`)
+        self.stop = StopOnRequestCallback(resume_hint="trainer.train(resume_from_checkpoint=True)")
 
     # ----------------------------------------------------------------- before the first step
     def on_init_end(self, args, state, control, **kwargs):
+        refuse_jit_checkpoint(args)
         if (rate := self.mocose_loss.settings["head_learning_rate"]) is None:
             return
         if (mapping := getattr(args, "learning_rate_mapping", None)) is None:
@@ -89,6 +95,7 @@ class MoCoSELossCallback(EMATargetCallback):
         except BaseException:
             self._release_folder()
             raise
+        self.stop.on_train_begin(args, state, control)
 
     def _release_folder(self) -> None:
         if self._folder is not None:
@@ -118,10 +125,13 @@ class MoCoSELossCallback(EMATargetCallback):
         check_training_datasets(loss, dataset, args)
         if state.global_step > 0:
             self._restore(args, state)
+            checkpoint = Path(loss._restored["folder"]).parent  # the checkpoint resumed (or loaded by load_state)
+            onward = f"SentenceTransformer({str(checkpoint)!r}), a new MoCoSELoss and a fresh output_dir"
             if 0 < state.max_steps <= state.global_step:  # the Trainer would train one step more and save it
                 raise ValueError(f"This run finished at step {state.global_step} (max_steps {state.max_steps}): nothing "
-                                 "trained or saved, the model and loss hold it as it ended. Raise max_steps to train "
-                                 "further.")
+                                 "trained or saved, the model and loss hold it as it ended. To train further, start a "
+                                 f"new run from its model: {onward}.")
+            check_planned_length(checkpoint, state.max_steps, onward)
         loss._restored = None
         if get_world_size() > 1:
             broadcast_from_first_rank(*loss.state_modules().values())
@@ -165,12 +175,16 @@ class MoCoSELossCallback(EMATargetCallback):
 
     # ----------------------------------------------------------------- checkpoints
     def on_step_end(self, args, state, control, **kwargs):
+        self.stop.on_step_end(args, state, control)  # a stop request sets should_save: read just below
         # The Trainer's loop zeroes the model's gradients only: sentence-transformers < 6 left the heads' to add up
         # over the steps (6 zeroes the optimizer's, the same thing).
         self.mocose_loss.online_head.zero_grad()
         self._save_if_due(args, state, control.should_save)
 
-    on_epoch_end = on_step_end
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.stop.on_epoch_end(args, state, control)
+        self.mocose_loss.online_head.zero_grad()
+        self._save_if_due(args, state, control.should_save)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if self._training and args.save_strategy == SaveStrategy.BEST and state.global_step > 0:
@@ -206,8 +220,11 @@ class MoCoSELossCallback(EMATargetCallback):
                 logger.warning("MoCoSELoss wrote its state into %s after the Trainer started pushing it (a callback "
                                "after loss.callback asked for this save); the pushed copy lacks it.", checkpoint)
             self._save(checkpoint, args)
+        self.stop.on_save(args, state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._training = False
         self._release_folder()
         self.mocose_loss._ready = False  # a later train() call runs the checks (and any resume) again
+        self.stop.on_train_end(args, state, control)
+        self.stop.end_run(args)  # a stopped run: StopRequested, so the script stops too (no final save)

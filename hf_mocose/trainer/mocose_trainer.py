@@ -32,10 +32,12 @@ from ..models.objective import ContrastiveObjective, FGSMPerturbation
 from ..publishing.hub import HubPublishingMixin
 from ..publishing.card_facts import save_card_facts
 from ..models.configuration import MODEL_CONFIG_FIELDS
-from ..launch.checkpoints import RecordTrainBatchSize, prepare_resume, resumed_step
+from ..launch.checkpoints import (RecordTrainBatchSize, check_planned_length, checkpoint_step, prepare_resume,
+                                 resumed_step)
 from ..launch.preflight import check_run, preflight
 from ..launch.run_folder import check_room_for_a_save, failed_save_sentence, release_run_folder, tensor_bytes
 from ..launch.sharding import configure_sharding
+from ..launch.stop_request import StopOnRequestCallback, refuse_jit_checkpoint
 from .inputs import prepare_trainer_inputs
 from .sts_evaluation import STSEvaluationMixin, stsb_dev_dataset
 from .checks import check_trainer_switches
@@ -43,6 +45,8 @@ from .training_args import MoCoSETrainingArguments
 
 OLDER_FGSM_STATE_FILE = "fgsm_state_rank{rank}.pt"  # checkpoints of 0.1 still load
 logger = logging.getLogger(__name__)
+# Training a checkpoint's model further (its target, queue and heads) on a new schedule.
+NEW_RUN_HINT = "--model_name_or_path {} and a fresh --output_dir"
 NEGATIVE_INPUTS = ("negative_input_ids", "negative_attention_mask", "negative_token_type_ids")
 
 
@@ -91,6 +95,7 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def __init__(self, model: MoCoSEModel | PreTrainedModel | str, args: MoCoSETrainingArguments,
                  train_dataset: Dataset | None = None, eval_dataset: Dataset | None = None, processing_class=None,
                  data_collator=None, **kwargs):
+        refuse_jit_checkpoint(args)  # before the model loads; its SIGTERM handler is installed by Trainer.__init__
         model, processing_class, train_dataset, self.training_data = prepare_trainer_inputs(
             model, args, train_dataset, processing_class, eval_dataset)  # training_data: for the card (_save)
         config = model.config
@@ -124,6 +129,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         self.embedding_augmentation = EmbeddingAugmentation(args.token_shuffle, args.token_cutoff, args.feature_cutoff,
                                                             views=args.augmentation_views)
         self.add_callback(RecordTrainBatchSize())  # trainer_state.json: the batch size of a resume at another one
+        self.stop_on_request = StopOnRequestCallback()  # SIGTERM/SIGUSR1/SIGINT: a checkpoint, then exit status 75
+        self.add_callback(self.stop_on_request)
         self.ema_callback, self.finished_at_step = None, None
         if config.uses_target:
             self.ema_callback = EMATargetCallback(model, args.ema_decay_start, args.ema_decay_end, args.ema_decay_horizon)
@@ -217,7 +224,9 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """`Trainer.save_model`; under FSDP `SHARDED_STATE_DICT` also what it leaves out (`complete_sharded_save`);
         a write that fails is one line (`failed_save_sentence`)."""
-        with failed_save_sentence(output_dir or self.args.output_dir, self.args.output_dir, self.state_bytes):
+        folder = output_dir or self.args.output_dir  # a checkpoint's (the state), or the final model's (its tensors)
+        size = self.state_bytes if checkpoint_step(folder) is not None else tensor_bytes(self.accelerator.unwrap_model(self.model))
+        with failed_save_sentence(folder, self.args.output_dir, size):
             super().save_model(output_dir, _internal_call)
             complete_sharded_save(self, output_dir or self.args.output_dir)
 
@@ -233,18 +242,24 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` after `launch.preflight` and `prepare_resume` ("last" = newest complete). A checkpoint
-        at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`."""
+        at `max_steps` is loaded as its run ended (best model if loaded at the end), not trained: `finished_at_step`.
+        A run stopped on request (`launch.stop_request`) raises `StopRequested` (exit status 75) once saved."""
         rows = len(self.train_dataset) if has_length(self.train_dataset) else None
         preflight(self.args, resume_from_checkpoint, rows)  # takes output_dir's lock, given back when train ends
         try:
-            return self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
+            output = self._train_holding_folder(resume_from_checkpoint, *args, **kwargs)
         finally:
             release_run_folder(self.args.output_dir)
+            self.stop_on_request.release()
+        self.stop_on_request.end_run(self.args)
+        return output
 
     def _train_holding_folder(self, resume_from_checkpoint, *args, **kwargs):
         resume = prepare_resume(resume_from_checkpoint, self.args, self.accelerator.unwrap_model(self.model))
         max_steps = self.args.max_steps if resume is None or self.args.max_steps > 0 else \
             planned_max_steps(self, self.get_train_dataloader())
+        if resume is not None:
+            check_planned_length(resume, max_steps, onward=NEW_RUN_HINT.format(resume))
         if self.args.save_strategy != "no" and self.args.should_save:
             check_room_for_a_save(self.args.output_dir, self.state_bytes)
         step = resumed_step(resume)
@@ -255,7 +270,8 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         best = self.state.best_model_checkpoint if self.args.load_best_model_at_end else None
         self._load_from_checkpoint(best if best and os.path.isdir(best) else resume)
         logger.warning("This run finished at step %d (%s, max_steps %d): nothing trained, the model loaded as it "
-                       "ended. Raise --max_steps to train further.", step, resume, max_steps)
+                       "ended. To train further, start a new run from its model: %s.", step, resume, max_steps,
+                       NEW_RUN_HINT.format(resume))
         return TrainOutput(step, float("nan"), {})
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
