@@ -442,7 +442,9 @@ def main(argv=None) -> dict:
             print(f"{', '.join(labelled)} train on pairs from {', '.join(dropped)}: not scored", flush=True)
             cfg.tasks = [task for task in cfg.tasks if task not in TRAINED_ON]
     tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
-    sentences = load_corpus(cfg.corpus, cfg.max_train_samples)
+    # (the labelled variants train on their pairs alone)
+    unlabelled = any(name not in LABELLED_VARIANTS for name in variants)
+    sentences = load_corpus(cfg.corpus, cfg.max_train_samples) if unlabelled else []
     if cfg.schedule_steps is None:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)
 
