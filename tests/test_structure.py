@@ -64,9 +64,10 @@ MAX_MODULE_LINES = 400
 # fast runtime files (issue 58: the fully int8 ONNX file, OpenVINO's default precision, PyTorch bf16, NNCF's static
 # int8 OpenVINO file and --calibration_file, interleaved timing and the card's advice, runtime_speed), 9343;
 # Matryoshka per width (issue 54: STS-B dev per width, --truncate_dim, the card's table, the sentence-transformers 5.x
-# refusal), 9426; OpenVINO's freed signal stack put back after an export (`runtimes.signal_stack_kept`), 9459.
-MAX_PACKAGE_LINES = 9474
-MAX_PACKAGE_MODULES = 52  # besides the __init__.py files
+# refusal), 9426; OpenVINO's freed signal stack put back after an export (`runtimes.signal_stack_kept`), 9459;
+# pairs and triplets in both front ends and the command line, and the labelled set built from SentEval, 9655.
+MAX_PACKAGE_LINES = 9655
+MAX_PACKAGE_MODULES = 53  # besides the __init__.py files (the 53rd: data/labelled.py, the SentEval labelled set)
 
 
 def _module_name(path: Path) -> str:
