@@ -383,7 +383,7 @@ def test_models_it_cannot_train():
 
 
 @pytest.mark.parametrize("columns, match", [
-    ({"a": _SENTENCES, "b": _SENTENCES, "c": [None, None, *_SENTENCES[2:]]},
+    ({"a": _SENTENCES, "b": _SENTENCES, "c": ["", "", *_SENTENCES[2:]]},
      r"hard-negative column 'c' is empty in 2 of 16 rows; every anchor needs the same number of hard negatives \(1\)"),
     ({"text": _SENTENCES, "score": [0.5] * 16}, "label column 'score'"),
     ({"text": _SENTENCES[:8]}, r"queue_size=10 is larger than the training data \(8 rows\)"),

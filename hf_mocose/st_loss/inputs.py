@@ -9,6 +9,7 @@ step, and a streamed dataset read by shards. The method's own limits (queue and 
 from __future__ import annotations
 
 from ..compat import SENTENCE_TRANSFORMERS_5, get_world_size
+import pyarrow.compute
 from torch import nn
 
 from ..data.corpus import LABEL_COLUMNS, TEXT_DTYPES
@@ -51,9 +52,10 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
         dtype = getattr(features.get(column), "dtype", None)
         if column in features and dtype not in TEXT_DTYPES:
             raise ValueError(f"MoCoSELoss takes text columns only, but column {column!r} holds {features[column]}.")
-    table = getattr(dataset, "data", None)  # a `datasets.Dataset`'s Arrow table: its null counts cost nothing
+    table = getattr(dataset, "data", None)  # a `datasets.Dataset`'s Arrow table: counted without reading rows out
     for column in columns[2:] if hasattr(table, "column") else []:
-        if missing := table.column(column).null_count:
+        values = table.column(column)
+        if missing := values.null_count + (pyarrow.compute.sum(pyarrow.compute.equal(values, "")).as_py() or 0):
             raise ValueError(f"MoCoSELoss: the hard-negative column {column!r} is empty in {missing} of {len(dataset)} "
                              f"rows; every anchor needs the same number of hard negatives ({len(columns) - 2}).")
     rows = len(dataset) if hasattr(dataset, "__len__") else None
