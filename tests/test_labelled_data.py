@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO_ROOT, labelled_dataset, make_st_trainer, make_trainer, tiny_training_args
-from datasets import Dataset
-from torch.nn import functional as F
 
-from hf_mocose.data.corpus import load_sentences, python_docs_sentences
+from hf_mocose.data.corpus import load_sentences
 from hf_mocose.trainer.inputs import check_train_dataset
 
 SENTEVAL = REPO_ROOT.parent / "shared" / "data" / "senteval"
@@ -70,27 +68,6 @@ def test_the_trainer_batches_n_negatives_per_row_and_encodes_them_as_keys(tiny_e
         alone = model(input_ids=batch["negative_input_ids"], attention_mask=batch["negative_attention_mask"]).key
     assert out.negative_keys.shape == (8, model.config.key_dim)
     assert torch.allclose(out.negative_keys, alone, atol=1e-5)
-
-
-def test_st_triplets_queue_the_positives_keys_and_no_negatives(tiny_encoder, tmp_path):
-    sentences = python_docs_sentences()
-    dataset = Dataset.from_dict({"anchor": sentences[:8], "positive": sentences[8:16], "negative": sentences[16:24]})
-    trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=dataset, per_device_train_batch_size=8, max_steps=1,
-                              learning_rate=0.0, model_kwargs=QUIET["model_kwargs"],
-                              loss_kwargs=dict(queue_size=8, queue_init_size=0, head_learning_rate=None, head_dropout=0.0,
-                                               target_dropout=False))
-    trainer.train()
-    loss = trainer.loss
-    loss.target_encoder.eval()
-
-    def target_keys(texts):
-        with torch.no_grad():
-            features = loss.target_encoder.preprocess(texts)
-            return F.normalize(loss.target_head(loss.target_encoder(features)["sentence_embedding"]), dim=1)
-
-    queued = loss.queue.newest_first()
-    assert torch.allclose((target_keys(sentences[8:16]) @ queued.T).max(dim=1).values, torch.ones(8), atol=1e-5)
-    assert (target_keys(sentences[16:24]) @ queued.T).max() < 0.999
 
 
 def test_st_triplets_with_matryoshka_and_gradient_accumulation(tiny_encoder, tmp_path):
