@@ -117,6 +117,20 @@ def test_the_command_line_trains_on_a_file_of_triplets(tiny_encoder, tmp_path, s
     assert facts["format"] == {"kind": "triplets", "negatives": 2} and facts["sentences"] == 24
 
 
+def test_a_streamed_file_of_triplets_is_tokenised_with_its_negatives(tiny_encoder, tmp_path):
+    from datasets import List, Value
+    from transformers import AutoTokenizer
+
+    from hf_mocose.data.corpus import tokenize_sentences
+
+    path = tmp_path / "triplets.jsonl"
+    labelled_dataset(2, 8).to_json(str(path))
+    stream = tokenize_sentences(load_sentences(str(path), streaming=True), AutoTokenizer.from_pretrained(tiny_encoder), 16)
+    row = next(iter(stream))
+    assert len(row["negative_input_ids"]) == 2 and len(row["positive_input_ids"]) <= 16
+    assert stream.features["negative_input_ids"] == List(List(Value("int32")))
+
+
 def test_the_command_line_names_columns_that_differ(tiny_encoder, tmp_path):
     path = tmp_path / "nli.jsonl"
     path.write_text("".join(json.dumps({"premise": f"sentence {i} here", "entailed": f"a paraphrase of {i}",

@@ -126,8 +126,10 @@ def gather_negatives(dataset, negative_columns: list[str]):
     """`dataset` with its hard-negative columns joined into one `negative_text` column, a list of them per row."""
     if not negative_columns:
         return dataset
+    kept = {k: v for k, v in (dataset.features or {}).items() if k not in negative_columns}
+    features = Features({**kept, "negative_text": List(Value("string"))}) if dataset.features else None  # (a stream's)
     return dataset.map(lambda batch: {"negative_text": [list(row) for row in zip(*(batch[c] for c in negative_columns))]},
-                       batched=True, remove_columns=negative_columns)
+                       batched=True, remove_columns=negative_columns, features=features)
 
 
 def corpus_files(train_file: str) -> tuple[str, list[Path]]:
