@@ -94,6 +94,8 @@ def select_training_columns(dataset, text_column: str = "text", positive_column:
     `gather_negatives`) and `fraternal_text` (`labelled_columns` finds them); blank sentences dropped. Refused in one
     line: a named column that is missing, a label column or a column that is not text beside the text columns of a
     table in sentence-transformers' format, and an empty positive or negative (every row needs the same number)."""
+    if isinstance(dataset, IterableDataset) and dataset.features is None:  # a stream whose columns are read at
+        dataset = dataset._resolve_features()  # its first rows (a JSON file under datasets 4.0)
     text_column, positive_column, negatives = labelled_columns(dataset.column_names, text_column, positive_column,
                                                                 negative_columns)
     optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text"),
