@@ -65,8 +65,8 @@ MAX_MODULE_LINES = 400
 # int8 OpenVINO file and --calibration_file, interleaved timing and the card's advice, runtime_speed), 9343;
 # Matryoshka per width (issue 54: STS-B dev per width, --truncate_dim, the card's table, the sentence-transformers 5.x
 # refusal), 9426; OpenVINO's freed signal stack put back after an export (`runtimes.signal_stack_kept`), 9459;
-# pairs and triplets in both front ends and the command line, and the labelled set built from SentEval, 9655.
-MAX_PACKAGE_LINES = 9655
+# pairs and triplets in both front ends and the command line, and the labelled set built from SentEval, 9661.
+MAX_PACKAGE_LINES = 9661
 MAX_PACKAGE_MODULES = 53  # besides the __init__.py files (the 53rd: data/labelled.py, the SentEval labelled set)
 
 
