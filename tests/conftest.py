@@ -130,8 +130,9 @@ def tiny_training_args(output_dir, **overrides):
 
 
 def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_text=False, fraternal_encoder=None,
-                 **overrides):
-    """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs.
+                 n_negatives=None, **overrides):
+    """A MoCoSETrainer on a tiny encoder and `n_sentences` sentences of Python's own docs (with `n_negatives`: the
+    raw table of `labelled_dataset(n_negatives, n_sentences)`, untokenised, as a sentence-transformers user has it).
 
     `fraternal_encoder` (IFCL): a model whose tokenizer and word embeddings give each sentence a fraternal
     view, the sentence upper-cased standing in for a translation.
@@ -148,6 +149,9 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     tokenizer = AutoTokenizer.from_pretrained(encoder_path)
     fraternal = {} if fraternal_encoder is None else {"fraternal_model_name_or_path": fraternal_encoder}
     model = MoCoSEModel.from_pretrained(encoder_path, **args.model_config_kwargs(), **fraternal)
+    if n_negatives is not None:
+        return MoCoSETrainer(model=model, args=args, train_dataset=labelled_dataset(n_negatives, n_sentences),
+                             processing_class=tokenizer)
     if sentences is None:
         sentences = python_docs_sentences()[:n_sentences]
     columns = {"text": list(sentences)}
@@ -157,6 +161,19 @@ def make_trainer(encoder_path, output_dir, sentences=None, n_sentences=64, keep_
     if fraternal_encoder is not None:
         dataset = tokenize_fraternal(dataset, AutoTokenizer.from_pretrained(fraternal_encoder), args.max_seq_length)
     return MoCoSETrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def labelled_dataset(n_negatives: int = 0, n_rows: int = 64):
+    """(anchor, positive[, negative_1..n]) rows in sentence-transformers' column names: sentences of Python's docs,
+    each with its upper-cased copy as the positive and the next sentences as its hard negatives."""
+    from datasets import Dataset
+
+    from hf_mocose.data.corpus import python_docs_sentences
+
+    sentences = python_docs_sentences()[:n_rows]
+    columns = {"anchor": sentences, "positive": [s.upper() for s in sentences]}
+    columns.update({f"negative_{k}": sentences[k:] + sentences[:k] for k in range(1, n_negatives + 1)})
+    return Dataset.from_dict(columns)
 
 
 def free_port() -> int:

@@ -2,7 +2,8 @@
 
 Run under `accelerate launch` (2 processes) or plainly (1 process):
     python tests/st_ddp_worker.py ENCODER OUT_DIR PER_DEVICE_BATCH MAX_STEPS ACCUMULATION MAX_GRAD_NORM [RESUME_FROM]
-with the environment's MATRYOSHKA_DIMS (a JSON list), if set, as the loss's `matryoshka_dims`.
+with the environment's MATRYOSHKA_DIMS (a JSON list), if set, as the loss's `matryoshka_dims`, and its
+HARD_NEGATIVES (a number n), if set: (anchor, positive, negative_1..n) rows (`conftest.labelled_dataset`).
 """
 
 import json
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import gradient_recorder, make_st_trainer  # noqa: E402
+from conftest import gradient_recorder, labelled_dataset, make_st_trainer  # noqa: E402
 
 
 def count_all_reduces():
@@ -33,8 +34,9 @@ def main():
     encoder, out_dir, batch, steps, accumulation, max_grad_norm = sys.argv[1:7]
     resume = sys.argv[7] if len(sys.argv) > 7 else None
     all_reduces = count_all_reduces()
+    negatives = os.environ.get("HARD_NEGATIVES")
     trainer = make_st_trainer(
-        encoder, out_dir, n_sentences=128, per_device_train_batch_size=int(batch), max_steps=int(steps),
+        encoder, out_dir, n_sentences=128, dataset=None if negatives is None else labelled_dataset(int(negatives), 128), per_device_train_batch_size=int(batch), max_steps=int(steps),
         gradient_accumulation_steps=int(accumulation), max_grad_norm=float(max_grad_norm),
         loss_kwargs=dict(queue_size=100, queue_init_size=4, head_dropout=0.0, target_dropout=False,
                          **({"matryoshka_dims": json.loads(os.environ["MATRYOSHKA_DIMS"])}

@@ -19,6 +19,7 @@ from scripts.benchmarks import (  # noqa: E402
     benchmark_quality as quality,
     benchmark_runtimes,
     benchmark_train as bench,
+    labelled_variants,
     quality_tables,
     train_variants,
     turn_taking,
@@ -394,3 +395,57 @@ def test_benchmark_runtimes_smoke(tiny_encoder, sts_dev, tmp_path):
                                                                             "openvino/openvino_model.xml",
                                                                             "openvino/openvino_model_qint8_quantized.xml"}
     assert len(written["goals"]) == 3 and all(("met (" in g) != ("missed" in g) for g in written["goals"])
+
+
+def tiny_labelled_senteval(root: Path, rows: int = 192) -> Path:
+    """A SentEval folder with the files `hf_mocose.data.labelled.senteval_pairs` reads, `rows` pairs in each training
+    set, STS-B dev and SICK trial to score (one scored sentence reused in training, to be dropped)."""
+    def words(i: int, kind: str) -> str:
+        return f"the {kind} sentence number {i} is about {['cats', 'dogs', 'rain', 'music'][i % 4]}"
+
+    (root / "SICK").mkdir(parents=True)
+    (root / "MRPC").mkdir()
+    (root / "STS" / "STSBenchmark").mkdir(parents=True)
+    (root / "STS" / "STS12-en-test").mkdir()
+    judgments = ["ENTAILMENT", "CONTRADICTION", "NEUTRAL"]
+    sick = [f"{i}\t{words(i // 3, 'sick')}\t{words(i, 'other')}\t4.0\t{judgments[i % 3]}" for i in range(rows)]
+    (root / "SICK" / "SICK_train.txt").write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\t"
+                                                  "entailment_judgment\n" + "\n".join(sick) + "\n")
+    (root / "SICK" / "SICK_trial.txt").write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tx\n" + "\n".join(
+        f"{i}\t{words(i, 'trial')}\t{words(i + 1, 'trial')}\t{1 + i % 4}.0\tNEUTRAL" for i in range(12)) + "\n")
+    mrpc = [f"{i % 2}\t{i}\t{i}\t{words(i, 'mrpc')}\t{words(i, 'paraphrase')}" for i in range(rows)]
+    (root / "MRPC" / "msr_paraphrase_train.txt").write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+                                                            + "\n".join(mrpc) + "\n")
+    stsb = [f"g\tf\t2012\t{i}\t{i % 6}.0\t{words(i, 'stsb')}\t{words(i, 'similar')}" for i in range(rows)]
+    stsb[0] = f"g\tf\t2012\t0\t5.0\t{words(0, 'trial')}\t{words(0, 'similar')}"  # shares a scored sentence: dropped
+    (root / "STS" / "STSBenchmark" / "sts-train.csv").write_text("\n".join(stsb) + "\n")
+    (root / "STS" / "STSBenchmark" / "sts-dev.csv").write_text("\n".join(
+        f"g\tf\t2012\t{i}\t{i % 6}.0\t{words(i, 'dev')}\t{words(i + 2, 'dev')}" for i in range(12)) + "\n")
+    return root
+
+
+def test_benchmark_quality_labelled_variants_measure_quality_and_memory(tiny_encoder, corpus, tmp_path):
+    """The labelled-data variants: MoCoSE at batch 16 against MNRL at 16 and 128 and GradCache at 128, one process
+    each in the documented protocol (here one call each), merged into one table with the peak training memory."""
+    senteval = tiny_labelled_senteval(tmp_path / "senteval")
+    common = ["--model", tiny_encoder, "--corpus", corpus, "--senteval_dir", str(senteval), "--budget_minutes", "0.002",
+              "--seeds", "0", "--max_seq_length", "16", "--queue_size", "32", "--clock", "cpu", "--pooling", "mean",
+              "--output_dir", str(tmp_path / "runs"), "--no-interleave"]
+    names = ["labelled_mocose_b16", "labelled_mnrl_b16", "labelled_mnrl_b128", "labelled_cmnrl_b128"]
+    for name in names:
+        summary = quality.main([*common, "--variants", name, "--json", str(tmp_path / f"{name}.json")])
+        assert summary["tasks"] == ["stsb_dev", "sickr_trial"]  # the sets the pairs come from are not scored
+        assert summary["labelled_rows"] == 224  # 64 SICK entailments, 96 MRPC paraphrases, 64 STS-B pairs >= 4
+    merged = quality.main(["--merge", *(str(tmp_path / f"{name}.json") for name in names)])
+    assert list(merged["variants"]) == names
+    for name, batch in zip(names, (16, 16, 128, 128)):
+        run = merged["details"][name][0]
+        assert run["steps"] >= 1 and run["sentences"] == batch * run["steps"]
+        assert isinstance(run["peak_train_mib"], float)  # a tiny model in a busy process: near 0, either sign
+    assert "peak training MiB" in merged["markdown"]
+    memory = labelled_variants.PeakTrainingMemory("cpu")  # the measurement itself: 64 MiB touched while training
+    held = bytearray(64 * 2**20)
+    held[::4096] = b"x" * (len(held) // 4096)  # every page written, so resident
+    memory.on_train_end(None, None, None)
+    del held
+    assert 60 <= memory.peak_mib <= 80

@@ -251,3 +251,28 @@ def test_st_loss_resume_in_two_processes(st_runs, tiny_encoder, tmp_path):
     resumed = _run([tiny_encoder, str(tmp_path), "4", *ST_SETTINGS, str(checkpoint)], 2, tmp_path, worker=ST_WORKER)
     _assert_states_close(resumed[0]["state"], st_runs["two"][0]["state"], atol=1e-6)
     assert resumed[0]["losses"][-2:] == pytest.approx(st_runs["two"][0]["losses"][-2:], abs=1e-6)
+
+
+# ----------------------------------------------------------------- labelled data: (anchor, positive, negative_1..n)
+def test_triplets_in_two_processes_match_one_process_with_the_trainer(tiny_encoder, tmp_path):
+    """MoCoSETrainer on a raw (anchor, positive, negative_1, negative_2) table: every anchor sees the hard negatives
+    of both ranks (gathered like keys), so 2 x 4 trains as 1 x 8."""
+    _two_vs_one(tiny_encoder, tmp_path, 3, "mocose", {"n_negatives": 2})
+
+
+def test_triplets_in_two_processes_match_one_process_and_resume_with_mocose_loss(tiny_encoder, tmp_path):
+    """The same under SentenceTransformerTrainer (2 micro-batches per step), then a resume in two processes from the
+    two-process run's checkpoint ends where that run ended."""
+    triplets = {"HARD_NEGATIVES": "2"}
+    for name in ("two", "one", "resumed"):
+        (tmp_path / name).mkdir()
+    two = _run([tiny_encoder, str(tmp_path / "two"), "4", *ST_SETTINGS], 2, tmp_path / "two", ST_WORKER, **triplets)
+    one = _run([tiny_encoder, str(tmp_path / "one"), "8", *ST_SETTINGS], 1, tmp_path / "one", ST_WORKER, **triplets)
+    assert int(two[0]["state"]["queue.queue_fill"]) == 4 + 4 * 2 * 8  # the positives' keys only
+    assert two[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
+    _assert_states_close(two[0]["state"], one[0]["state"], atol=1e-5)
+    checkpoint = tmp_path / "two" / "checkpoint-2"
+    resumed = _run([tiny_encoder, str(tmp_path / "resumed"), "4", *ST_SETTINGS, str(checkpoint)], 2,
+                   tmp_path / "resumed", ST_WORKER, **triplets)
+    _assert_states_close(resumed[0]["state"], two[0]["state"], atol=1e-6)
+    assert resumed[0]["losses"][-2:] == pytest.approx(two[0]["losses"][-2:], abs=1e-6)

@@ -5,6 +5,7 @@ read from the grids: a grid that drifts from its table fails. Anything not in th
 `*-extra.yaml` grid that says so.
 """
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -225,3 +226,26 @@ def test_esimcse_benchmark_variant_is_the_recipes_method(tmp_path):
     spec.loader.exec_module(quality)
     assert quality.ESIMCSE.items() <= ESIMCSE_BERT_BASE.items()  # the method's values; the protocol sets the rest
     assert quality.ESIMCSE_QUEUE_PER_BATCH * 64 == ESIMCSE_BERT_BASE["queue_size"]
+
+
+def test_pairs_recipe_is_the_measured_labelled_mocose_variant(tmp_path):
+    """training_args/pairs-minilm.yaml trains what benchmark_quality.py measures as `labelled_mocose_b16`: MoCoSELoss
+    with the library defaults at batch 16, queue 512 (128 at the start), lr 3e-5, tau 0.05, 32 tokens, mean pooling
+    (the documented command's values), and reads a file of the labelled set in sentence-transformers' columns."""
+    sys.path.insert(0, str(REPO))
+    from scripts.benchmarks.labelled_variants import LABELLED_VARIANTS
+
+    from hf_mocose import MoCoSELoss
+
+    script, args = parse_args([str(RECIPES / "pairs-minilm.yaml"), "--output_dir", str(tmp_path)])
+    assert script.model_name_or_path == "builtin:all-MiniLM-L6-v2" and script.train_file.endswith(".jsonl")
+    kind, batch, _ = LABELLED_VARIANTS["labelled_mocose_b16"]
+    assert kind == "mocose" and args.per_device_train_batch_size == batch
+    measured = {"sentence_pooling": "mean", "queue_size": 512, "queue_init_size": 128, "learning_rate": 3e-5,
+                "contrastive_temperature": 0.05, "max_seq_length": 32}
+    assert {key: getattr(args, key) for key in measured} == measured
+    defaults = inspect.signature(MoCoSELoss).parameters  # every other method setting: the loss's default
+    for name in ("head_init", "head_learning_rate", "ema_decay_start", "ema_decay_end", "fgsm_mode", "fgsm_epsilon",
+                 "method"):
+        assert getattr(args, name) == defaults[name].default, name
+    assert "python -m hf_mocose.data.labelled" in (RECIPES / "pairs-minilm.yaml").read_text()

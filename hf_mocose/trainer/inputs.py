@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, PreTrainedModel
 
-from ..data.corpus import drop_blank_sentences, tokenize_sentences
+from ..data.corpus import ANCHOR, drop_blank_sentences, select_training_columns, tokenize_sentences
 from ..models.encoder_init import CONFIG_LOCATION_KWARGS
 from ..models.modeling import MoCoSEModel
 from ..publishing.card_facts import describe_training_data
@@ -116,7 +116,9 @@ def load_tokenizer(model: MoCoSEModel, source=None, args=None, field: str = "mod
 def check_train_dataset(dataset, args):
     """The training data's checks, run before any model is loaded; returns the dataset to tokenise. Tokenised
     rows or non-blank `text` rows are needed (unknown columns, as a torch `Dataset`'s, pass); anything else is
-    refused naming its columns. A streamed dataset needs `max_steps` and cannot feed UNA."""
+    refused naming its columns. A table in sentence-transformers' format, (`anchor`, `positive`) or (`anchor`,
+    `positive`, `negative_1`, ..., `negative_n`), is read as `text`, `positive_text` and `negative_text`
+    (`data.corpus.select_training_columns`). A streamed dataset needs `max_steps` and cannot feed UNA."""
     if isinstance(dataset, torch.utils.data.IterableDataset | IterableDataset):
         if args.max_steps <= 0:
             raise ValueError("train_dataset is streamed (an IterableDataset, read as training goes, with no length): "
@@ -132,6 +134,12 @@ def check_train_dataset(dataset, args):
     columns = getattr(dataset, "column_names", None)
     if columns is None:
         return dataset
+    if "text" not in columns and "input_ids" not in columns and ANCHOR in columns:
+        dataset = select_training_columns(dataset)
+        columns = dataset.column_names
+    if args.hard_negatives and ("negative_text" in columns or "negative_input_ids" in columns):
+        raise ValueError("hard_negatives='una' draws each anchor's hard negative, but train_dataset gives its own "
+                         "(negative columns): drop one of the two.")
     if "input_ids" in columns:
         if isinstance(dataset, Dataset) and len(dataset) == 0:
             raise ValueError("train_dataset has no rows: give at least one tokenised sentence.")
@@ -142,7 +150,8 @@ def check_train_dataset(dataset, args):
                          "tokenize_fraternal; see scripts/train.py).")
     if "text" not in columns:
         raise ValueError(f"train_dataset has the columns {', '.join(columns) or '(none)'}; MoCoSETrainer needs raw "
-                         "sentences in a `text` column (tokenised by the trainer; optional `positive_text`) or "
+                         "sentences in a `text` column (tokenised by the trainer; optional `positive_text`), "
+                         "sentence-transformers' (anchor, positive[, negative_1, ...]) columns, or "
                          "tokenised ones (`input_ids`, `attention_mask`...). Rename the sentence column, e.g. "
                          "dataset.rename_column('sentence', 'text').")
     return drop_blank_sentences(dataset)

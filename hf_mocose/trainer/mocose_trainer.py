@@ -190,11 +190,13 @@ class MoCoSETrainer(STSEvaluationMixin, HubPublishingMixin, Trainer):
         return self.objective.fgsm
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The step of `ContrastiveObjective` on `MoCoSEModel.forward` (with UNA's hard negatives when due)."""
+        """The step of `ContrastiveObjective` on `MoCoSEModel.forward`, with the data's hard negatives (every step) or
+        UNA's (when due)."""
         unwrapped = self.accelerator.unwrap_model(model)
         hard = {name: inputs.pop(name) for name in NEGATIVE_INPUTS if name in inputs}
-        una_step = self.args.hard_negatives is not None and self.state.global_step % self.args.una_frequency == 0
-        if model.training and una_step:
+        if hard and self.args.hard_negatives is None:  # given by the data: encoded like keys
+            inputs = {**inputs, **hard}
+        elif model.training and self.state.global_step % self.args.una_frequency == 0 and hard:
             inputs = {**inputs, **hard, "negatives_as_anchors": self.args.una_usage == "paper"}
         if self.fgsm.mode != "off" and is_compiled_module(model):  # torch_compile, or accelerate's dynamo_backend
             # FGSM needs the gradient w.r.t. the word embeddings, which a compiled model gives only to its inputs.

@@ -44,6 +44,10 @@ through `MoCoSELoss`, whose arguments carry the same names; Trainer fields such 
   mocose_matryoshka      `mocose` with matryoshka_dims = `--matryoshka_dims` (default 384 256 128 64)
   simcse_matryoshka      `simcse` with the same matryoshka_dims
   st_matryoshka_mnrl     `st_mnrl` inside sentence-transformers' `MatryoshkaLoss` at `--matryoshka_dims`
+  labelled_mocose_b16, labelled_mnrl_b16, labelled_mnrl_b128, labelled_cmnrl_b128
+                         labelled data: (anchor, positive) pairs built from `--senteval_dir`, each variant at its own
+                         batch, with its peak training memory (scripts/benchmarks/labelled_variants.py); the sets the
+                         pairs come from (STS-B train, SICK-R train) are then not scored
 
 `--truncate_dims 384 128 64` scores every variant (and the start) at each width: the first d entries of the same
 embeddings, columns `task@d`.
@@ -88,6 +92,7 @@ from scripts.benchmarks.train_variants import (  # noqa: E402
     st_baseline_trainer,
     trainer_fields,
 )
+from scripts.benchmarks.labelled_variants import LABELLED_VARIANTS, TRAINED_ON, build_labelled  # noqa: E402
 from scripts.benchmarks.turn_taking import Baton, TakeTurns, run_turns, start_in_turn  # noqa: E402
 
 PAPER = {"head_init": "random", "head_learning_rate": None, "fgsm_mode": "previous", "fgsm_epsilon": 5e-9,
@@ -128,6 +133,7 @@ VARIANTS: dict[str, dict | None] = {
     "mocose_matryoshka": {"method": "mocose", "matryoshka_dims": MATRYOSHKA_FLAG},
     "simcse_matryoshka": {**SIMCSE, "matryoshka_dims": MATRYOSHKA_FLAG},
     "st_matryoshka_mnrl": None,
+    **dict.fromkeys(LABELLED_VARIANTS),  # sentence-transformers trainers on labelled pairs (labelled_variants.py)
 }
 DEFAULT_VARIANTS = ("mocose", "simcse", "st_mnrl")
 EVAL_TASKS = ("stsb_dev", "sts12", "sickr_trial", "stsb_train", "sickr_train", "sts13", "sts14", "sts15", "sts16", "stsb",
@@ -217,6 +223,8 @@ def build(name: str, overrides: dict | None, cfg, model_path: str, sentences, ou
     """Returns (trainer, model, tokenizer) for one variant."""
     from transformers import AutoTokenizer, TrainingArguments, set_seed
 
+    if name in LABELLED_VARIANTS:
+        return build_labelled(name, cfg, model_path, cfg.labelled_pairs, output_dir, seed)
     set_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     common = trainer_fields(output_dir, cfg.batch_size, cfg.schedule_steps, cfg.device, seed,
@@ -365,6 +373,8 @@ def run_seed(cfg, variants: dict, model_path: str, sentences, tasks: dict, seed:
             "checkpoint": checkpoint,
             "scores_at_minutes": {f"{mark / 60:g}": point for mark, point in callbacks[name].scores_at.items()},
         }
+        if hasattr(trainer, "peak_memory"):  # the labelled variants
+            results[name]["peak_train_mib"] = trainer.peak_memory.peak_mib
         print(f"seed {seed} {name}: {results[name]}", flush=True)
         del trainer, model
     return results
@@ -423,8 +433,18 @@ def main(argv=None) -> dict:
         model_path, model_name = default_encoder(), "all-MiniLM-L6-v2"
     else:
         model_path = model_name = cfg.model
+    cfg.labelled_pairs, cfg.labelled_schedule_steps = None, cfg.schedule_steps
+    if labelled := [name for name in variants if name in LABELLED_VARIANTS]:
+        from hf_mocose.data.labelled import senteval_pairs
+
+        cfg.labelled_pairs = senteval_pairs(cfg.senteval_dir)
+        if dropped := [task for task in cfg.tasks if task in TRAINED_ON]:
+            print(f"{', '.join(labelled)} train on pairs from {', '.join(dropped)}: not scored", flush=True)
+            cfg.tasks = [task for task in cfg.tasks if task not in TRAINED_ON]
     tasks = load_tasks(cfg.senteval_dir, cfg.tasks)
-    sentences = load_corpus(cfg.corpus, cfg.max_train_samples)
+    # (the labelled variants train on their pairs alone)
+    unlabelled = any(name not in LABELLED_VARIANTS for name in variants)
+    sentences = load_corpus(cfg.corpus, cfg.max_train_samples) if unlabelled else []
     if cfg.schedule_steps is None:
         cfg.schedule_steps = max(1, len(sentences) // cfg.batch_size)
 
@@ -452,6 +472,8 @@ def main(argv=None) -> dict:
         "command": "python scripts/benchmarks/benchmark_quality.py " + argv_text,
         "torch_threads": torch.get_num_threads(),
     })
+    if cfg.labelled_pairs is not None:
+        summary["labelled_rows"] = len(cfg.labelled_pairs)
     return write_summary(summary, cfg.json, cfg.markdown)
 
 

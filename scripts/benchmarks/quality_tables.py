@@ -17,6 +17,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def _stats(scored: list[dict], tasks: list[str]) -> dict:
     """Runs (each with `steps` and `scores`) -> steps, per-task mean/std/per_seed and the mean of sets."""
     stats: dict = {"steps": [r["steps"] for r in scored]}
+    if all("peak_train_mib" in r for r in scored):  # labelled variants: their measured peak training memory
+        stats["peak_train_mib"] = [r["peak_train_mib"] for r in scored]
     for task in tasks:
         values = [r["scores"][task] for r in scored]
         mean, std = _mean_std(values)
@@ -34,22 +36,26 @@ def _curve_points(runs: list[dict], tasks: list[str]) -> dict:
             for minutes in sorted(common, key=float)}
 
 
-def _row(cells: list[str], stats: dict, tasks: list[str]) -> str:
-    """One table row: the leading cells, the steps per seed, mean ± std per task and of the sets."""
+def _row(cells: list[str], stats: dict, tasks: list[str], memory: bool = False) -> str:
+    """One table row: the leading cells, the steps per seed, mean ± std per task and of the sets (and with `memory`
+    the peak training memory per seed)."""
     values = [f"{stats[t]['mean']:.2f} ± {stats[t]['std']:.2f}" for t in [*tasks, "mean_of_sets"]]
+    if memory:
+        values.append("/".join("n/a" if m is None else f"{m:.0f}" for m in stats.get("peak_train_mib", [None])))
     return "| " + " | ".join([*cells, "/".join(str(s) for s in stats["steps"]), *values]) + " |"
 
 
 def markdown_table(summary: dict) -> str:
     tasks = summary["tasks"]
-    header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |"
-    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+    memory = any("peak_train_mib" in entry for entry in summary["variants"].values())
+    header = "| variant | steps | " + " | ".join(tasks) + " | mean of sets |" + " peak training MiB |" * memory
+    lines = [header, "| --- | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |" + " ---: |" * memory]
     before = summary["before"]
     pooling = f" ({summary['pooling']} pooling)" if summary.get("pooling", "cls") != "cls" else ""
     lines.append(f"| {summary['model']}{pooling}, before training | 0 | " + " | ".join(f"{before[t]:.2f}" for t in tasks)
-                 + f" | {statistics.mean(before[t] for t in tasks):.2f} |")
+                 + f" | {statistics.mean(before[t] for t in tasks):.2f} |" + " |" * memory)
     for name, entry in summary["variants"].items():
-        lines.append(_row([name], entry, tasks))
+        lines.append(_row([name], entry, tasks, memory))
     if any(entry.get("at_minutes") for entry in summary["variants"].values()):
         lines += ["", "| variant | budget (minutes) | steps | " + " | ".join(tasks) + " | mean of sets |",
                   "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
@@ -78,20 +84,24 @@ MERGE_KEYS = ("model", "tasks", "before", "budget_minutes", "clock", "batch_size
 
 
 def merge(paths: list[str]) -> dict:
-    """One summary from the `--json` files of runs with the same settings and variants but other seeds."""
+    """One summary from the `--json` files of runs with the same settings but other seeds, or other variants (e.g.
+    one process per variant and seed, so that each measures its own memory): a variant's seeds must not repeat."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     for path, part in zip(paths[1:], parts[1:]):
-        differ = [k for k in MERGE_KEYS if part.get(k) != first.get(k)]
-        if differ or list(part["variants"]) != list(first["variants"]):
-            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differ) or 'its variants'}")
-    seeds = [seed for part in parts for seed in part["seeds"]]
-    if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"--merge: seeds {seeds} repeat; each file must hold other seeds")
-    details = {name: [run for part in parts for run in part["details"][name]] for name in first["variants"]}
-    variants = {name: entry["overrides"] for name, entry in first["variants"].items()}
+        if differ := [k for k in MERGE_KEYS if part.get(k) != first.get(k)]:
+            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differ)}")
+    details: dict = {}
+    for part in parts:
+        for name in part["variants"]:
+            details.setdefault(name, []).extend(part["details"][name])
+    for name, runs in details.items():
+        if len(seeds := [run["seed"] for run in runs]) != len(set(seeds)):
+            raise SystemExit(f"--merge: {name}'s seeds {seeds} repeat; each file must hold other seeds")
+    variants = {name: entry["overrides"] for part in parts for name, entry in part["variants"].items()}
     summary = {k: first[k] for k in ("model", "tasks", "before")}
     summary["variants"] = summarise(details, variants, first["tasks"])
     summary.update({k: v for k, v in first.items() if k not in summary and k not in ("markdown", "command")})
+    seeds = sorted({seed for part in parts for seed in part["seeds"]})
     summary.update({"details": details, "seeds": seeds, "command": [part["command"] for part in parts]})
     return summary
