@@ -197,8 +197,9 @@ def test_st_loss_head_gradients_are_averaged_once_per_optimizer_step(st_runs):
     """One all-reduce of the heads per optimizer step (not per micro-batch), and then equal on both ranks."""
     rank0, rank1, single = st_runs["two"][0], st_runs["two"][1], st_runs["one"][0]
     assert rank0["head_reductions"] == rank1["head_reductions"] == 4 and single["head_reductions"] == 0
-    # The only Python-level all-reduces: the heads' (one per step) and the step metrics' (one per logging step).
-    assert rank0["all_reduces"] == rank1["all_reduces"] == 4 + rank0["logged_steps"]
+    # The only Python-level all-reduces: the heads' (one per step), the step metrics' (one per logging step) and the
+    # stop request's flag (one per step but the last, after which a request lets the run finish: launch.stop_request).
+    assert rank0["all_reduces"] == rank1["all_reduces"] == 4 + rank0["logged_steps"] + (4 - 1)
     assert rank0["logged_steps"] == 4
     for step0, step1 in zip(rank0["grads"], rank1["grads"]):
         for name in step0:
