@@ -102,6 +102,11 @@ def _seed():
     # and with the session's torch threads: a script run in-process (benchmark_runtimes' --threads 1) left one, and a
     # later test comparing this process's weights bit for bit with a subprocess's (2 threads) then failed
     torch.set_num_threads(threads)
+    # and with no stop request pending: one test's failure left in (a signal it raised, handlers it installed) would
+    # stop every later in-process run at its first step.
+    from hf_mocose.launch.stop_request import restore_handlers
+
+    restore_handlers()
 
 
 def tiny_training_args(output_dir, **overrides):

@@ -31,7 +31,7 @@ from test_st_loss import _long_sentences, _losses
 from transformers import TrainerCallback
 
 from hf_mocose.launch.checkpoints import checkpoint_problems, resolve_resume_checkpoint
-from hf_mocose.launch.stop_request import STOPPED_EXIT_STATUS, StopRequested
+from hf_mocose.launch.stop_request import STOPPED_EXIT_STATUS, StopOnRequestCallback, StopRequested, requested_signal
 
 WORKER = Path(__file__).with_name("stop_worker.py")
 TIMEOUT_S = 300
@@ -163,6 +163,20 @@ class SignalAfterStep(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             os.kill(os.getpid(), self.signum)  # after loss.callback's check: the next step is the stop's
+
+
+def test_handlers_a_raised_train_left_in_pass_to_the_next_train_without_its_request():
+    """A `train()` that raised never reaches `on_train_end` (sentence-transformers' front end gives the handlers back
+    there): the next run's callback takes them over, drops the old request and gives them back at its end."""
+    before = signal.getsignal(signal.SIGTERM)
+    raised_run, next_run = StopOnRequestCallback(), StopOnRequestCallback()
+    raised_run.on_train_begin(None, None, None)  # ... and its train() raised
+    signal.raise_signal(signal.SIGTERM)
+    assert requested_signal() == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is not before
+    next_run.on_train_begin(None, None, None)
+    assert requested_signal() is None  # the raised run's request does not stop this one
+    next_run.on_train_end(None, None, None)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_sentence_transformers_trainer_stops_through_the_loss_callback_and_resumes_exactly(tiny_encoder, tmp_path,

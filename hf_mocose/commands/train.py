@@ -362,8 +362,7 @@ def _train_and_save(script_args: ScriptArguments, args: MoCoSETrainingArguments,
         return final_dir
     trainer.save_state()  # trainer_state.json (log history) in output_dir, read by the model card
 
-    if trainer.is_world_process_zero():
-        remove_temporary_files(final_dir)  # left by an earlier run killed while saving it
+    remove_temporary_files(final_dir) if trainer.is_world_process_zero() else None  # an earlier run killed mid-save's
     # The card names a train_file by its file name (publishing.card_facts.public_name), never its folder.
     card = dict(corpus=script_args.corpus_name or script_args.train_file or script_args.dataset_name,
                 datasets=[script_args.dataset_name] if script_args.dataset_name else (),

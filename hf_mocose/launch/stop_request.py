@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _received: list[int] = []  # the stop signals this process received, in order
 _previous: dict[int, object] = {}  # signal -> the handler before install_stop_handlers
+_owner: list[object] = []  # the callback that installed them, if one did (the driver's are nobody's)
 
 
 class StopRequested(SystemExit):
@@ -54,11 +55,18 @@ def _record(signum, frame) -> None:
     _received.append(signum)  # nothing else: a handler runs between any two bytecodes, a save included
 
 
-def install_stop_handlers() -> bool:
+def install_stop_handlers(owner: object | None = None) -> bool:
     """Makes SIGTERM, SIGUSR1 and SIGINT a stop request in this process (main thread only); under a launcher, asks
-    for SIGTERM when it dies. Returns whether it installed them (False: already in, or not the main thread)."""
+    for SIGTERM when it dies. Returns whether `owner` now holds them, to give back with `restore_handlers` (False:
+    the driver's are in, or not the main thread). A callback's left in by a `train()` that raised (no
+    `on_train_end` came) pass to the next callback's `train()`, without that run's request."""
+    if _previous and _owner and owner is not None:
+        _owner[:] = [owner]
+        _received.clear()
+        return True
     if _previous or threading.current_thread() is not threading.main_thread():
         return False
+    _owner[:] = [] if owner is None else [owner]
     _previous.update({signum: signal.signal(signum, _record) for signum in STOP_SIGNALS})
     if any(name in os.environ for name in LAUNCHER_ENVIRONMENT):
         stop_with_parent()
@@ -71,6 +79,7 @@ def restore_handlers() -> None:
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     _previous.clear()
     _received.clear()
+    _owner.clear()
 
 
 def stop_with_parent() -> None:
@@ -126,7 +135,7 @@ class StopOnRequestCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.stopped_at = self.signal = self.checkpoint = None
         self._saved = False
-        self._installed = install_stop_handlers()  # already in (the driver installs them at its start): kept
+        self._installed = install_stop_handlers(owner=self)  # the driver's (installed at its start): kept
 
     def on_step_end(self, args, state, control, **kwargs):
         if 0 < state.max_steps <= state.global_step:
