@@ -132,6 +132,11 @@ class StopForwarder:
                 with suppress(psutil.Error):  # ended meanwhile
                     process.send_signal(self.signum)
 
+    def keep_forwarding(self, running=lambda: True) -> None:
+        while running():
+            self.forward()
+            time.sleep(FORWARD_INTERVAL_S)
+
 
 def run_launcher(arguments: list[str]) -> int:
     """`accelerate launch ARGUMENTS` in a child process (the module docstring); returns the run's exit status."""
@@ -142,9 +147,7 @@ def run_launcher(arguments: list[str]) -> int:
     forwarder = StopForwarder(child.pid)
     previous = {signum: signal.signal(signum, forwarder.request) for signum in STOP_SIGNALS}
     try:
-        while child.poll() is None:
-            forwarder.forward()
-            time.sleep(FORWARD_INTERVAL_S)
+        forwarder.keep_forwarding(lambda: child.poll() is None)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -181,13 +184,7 @@ def launch_in_this_process(arguments: list[str]) -> int:
     # then SIGKILL 30 s later): torch.distributed.run's --signals_to_handle, which accelerate passes on, and the
     # variable older versions read.
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = AGENT_SIGNALS
-
-    def keep_forwarding():
-        while True:
-            forwarder.forward()
-            time.sleep(FORWARD_INTERVAL_S)
-
-    threading.Thread(target=keep_forwarding, daemon=True).start()
+    threading.Thread(target=forwarder.keep_forwarding, daemon=True).start()
     return accelerate_launch(arguments, signals_to_handle=AGENT_SIGNALS)
 
 
